@@ -1,0 +1,101 @@
+//! The connector contract: config struct (pure data) → `build` (validates, opens resources) →
+//! a future that runs until shutdown.
+//!
+//! A source sends each inbound unit through its [`SourceSender`] and answers upstream from the
+//! returned outcome. A sink reads [`SinkItem`]s from its [`SinkInput`] and reports each one's
+//! [`Delivery`]. Everything else a connector needs arrives in its context struct, so the traits
+//! do not change when a new need appears.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::pipeline::{SinkInput, SourceSender};
+use crate::state::StateStore;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A connector failed to build or stopped with an error. The message names what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConnectorError(pub String);
+
+impl ConnectorError {
+    pub fn new(msg: impl Into<String>) -> Self {
+        ConnectorError(msg.into())
+    }
+}
+
+/// A running connector: resolves when it has stopped.
+pub type Running = BoxFuture<'static, Result<(), ConnectorError>>;
+
+/// What every source gets.
+pub struct SourceContext {
+    /// The source's name from the config (the key under `sources:`).
+    pub name: String,
+    /// Fires when the daemon stops accepting. A source then stops taking new input, finishes
+    /// what it accepted (answering each sender), and returns.
+    pub shutdown: CancellationToken,
+    /// Where events go. Dropping every clone tells the pipeline this source is done.
+    pub sender: SourceSender,
+    /// Durable state when `state_dir` is set.
+    pub state: Option<Arc<dyn StateStore>>,
+    /// Resources shared by connectors of one family (e.g. webhook listeners on one port).
+    pub shared: Shared,
+}
+
+/// What every sink gets.
+pub struct SinkContext {
+    pub name: String,
+    /// The sink's queue. A sink runs until it returns `None`/0 (every source gone and the
+    /// queue drained), so the daemon's drain delivers what was accepted.
+    pub input: SinkInput,
+    /// Fires when the grace period is over: stop waiting on slow peers and return.
+    pub shutdown: CancellationToken,
+    pub state: Option<Arc<dyn StateStore>>,
+    pub shared: Shared,
+}
+
+/// A source kind's configuration. `Deserialize` is the config reference: doc comments on the
+/// fields are what users read.
+pub trait SourceConfig: DeserializeOwned + fmt::Debug + Send + Sync + 'static {
+    /// Checks that touch nothing outside the process (`sluice validate` runs only these).
+    fn validate(&self, _name: &str) -> Result<(), String> {
+        Ok(())
+    }
+    /// Opens resources (binds sockets, connects) and returns the running source.
+    fn build(self: Box<Self>, ctx: SourceContext) -> BoxFuture<'static, Result<Running, ConnectorError>>;
+}
+
+/// A sink kind's configuration.
+pub trait SinkConfig: DeserializeOwned + fmt::Debug + Send + Sync + 'static {
+    fn validate(&self, _name: &str) -> Result<(), String> {
+        Ok(())
+    }
+    fn build(self: Box<Self>, ctx: SinkContext) -> BoxFuture<'static, Result<Running, ConnectorError>>;
+}
+
+/// A type map for resources that connectors of one family share within one daemon (one
+/// topology). Keyed by type, so each family owns its own entry and nothing is global.
+#[derive(Clone, Default)]
+pub struct Shared(Arc<Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>>);
+
+impl Shared {
+    /// The shared `T`, created on first use.
+    pub fn get_or_default<T: Any + Send + Sync + Default>(&self) -> Arc<T> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = map
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(T::default()));
+        entry
+            .clone()
+            .downcast::<T>()
+            .unwrap_or_else(|_| unreachable!("the map is keyed by TypeId"))
+    }
+}

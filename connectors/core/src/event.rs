@@ -1,0 +1,498 @@
+//! The CloudEvents 1.0 event model, validated strictly.
+//!
+//! Data is kept as bytes ([`Data`]); nothing on the hot path parses it into a JSON tree. The time
+//! attribute keeps the exact text it arrived with, so an incoming event passes through unchanged.
+
+use std::fmt;
+
+use bytes::Bytes;
+use chrono::{DateTime, FixedOffset, SecondsFormat, Utc};
+
+/// The only CloudEvents version Sluice speaks.
+pub const SPEC_VERSION: &str = "1.0";
+
+/// Context attribute names defined by the spec; an extension may not reuse them.
+pub const CORE_ATTRIBUTES: [&str; 8] = [
+    "id",
+    "source",
+    "specversion",
+    "type",
+    "datacontenttype",
+    "dataschema",
+    "subject",
+    "time",
+];
+
+/// Why an event is not a valid CloudEvent 1.0. The text is meant for the client that sent it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EventError(pub String);
+
+impl EventError {
+    pub fn new(msg: impl Into<String>) -> Self {
+        EventError(msg.into())
+    }
+}
+
+/// An RFC 3339 timestamp, kept as the text it was given (validated), so it passes through
+/// byte for byte.
+#[derive(Clone, Debug, Eq)]
+pub struct Timestamp {
+    text: String,
+    at: DateTime<FixedOffset>,
+}
+
+impl Timestamp {
+    /// Parses and validates an RFC 3339 timestamp (`2018-04-05T17:31:00Z`, offsets allowed).
+    pub fn parse(text: &str) -> Result<Self, EventError> {
+        // chrono also accepts a space separator and lowercase `t`/`z`; RFC 3339 §5.6 requires
+        // `T` in the CloudEvents profile, so insist on the canonical letters.
+        let ok_shape = text.len() >= 20 && text.as_bytes().get(10) == Some(&b'T');
+        let at = DateTime::parse_from_rfc3339(text)
+            .ok()
+            .filter(|_| ok_shape)
+            .ok_or_else(|| EventError(format!("time {text:?} is not an RFC 3339 timestamp")))?;
+        Ok(Timestamp {
+            text: text.to_owned(),
+            at,
+        })
+    }
+
+    /// A timestamp for an instant, formatted in UTC with microsecond precision.
+    pub fn from_utc(at: DateTime<Utc>) -> Self {
+        Timestamp {
+            text: at.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+            at: at.fixed_offset(),
+        }
+    }
+
+    pub fn now() -> Self {
+        Self::from_utc(Utc::now())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    pub fn instant(&self) -> DateTime<FixedOffset> {
+        self.at
+    }
+}
+
+/// Two timestamps are equal when they name the same instant (the conformance suite's rule).
+impl PartialEq for Timestamp {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+/// An extension attribute value. JSON carries strings, integers and booleans natively; the other
+/// CloudEvents types (binary, URI, timestamp) travel as their canonical strings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtValue {
+    String(String),
+    Integer(i32),
+    Boolean(bool),
+}
+
+impl ExtValue {
+    /// The canonical string form, as used by binary-mode headers.
+    pub fn to_canonical(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            ExtValue::String(s) => std::borrow::Cow::Borrowed(s),
+            ExtValue::Integer(i) => std::borrow::Cow::Owned(i.to_string()),
+            ExtValue::Boolean(b) => std::borrow::Cow::Borrowed(if *b { "true" } else { "false" }),
+        }
+    }
+}
+
+impl fmt::Display for ExtValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_canonical())
+    }
+}
+
+impl From<&str> for ExtValue {
+    fn from(s: &str) -> Self {
+        ExtValue::String(s.to_owned())
+    }
+}
+
+impl From<String> for ExtValue {
+    fn from(s: String) -> Self {
+        ExtValue::String(s)
+    }
+}
+
+/// Event data as bytes. `Json` promises the bytes are one well-formed JSON document (so the
+/// structured format can embed them as they are); `Binary` is anything else.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum Data {
+    #[default]
+    None,
+    Json(Bytes),
+    Binary(Bytes),
+}
+
+impl Data {
+    pub fn as_bytes(&self) -> Option<&Bytes> {
+        match self {
+            Data::None => None,
+            Data::Json(b) | Data::Binary(b) => Some(b),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.as_bytes().map_or(0, Bytes::len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Data for bytes that claim a content type: when the type is JSON and the bytes are
+    /// well-formed JSON they become `Json` (one validating pass, no tree is built); otherwise
+    /// `Binary`.
+    pub fn from_bytes(bytes: Bytes, content_type: Option<&str>) -> Data {
+        if content_type.is_none_or(is_json_media_type) && is_json(&bytes) {
+            Data::Json(bytes)
+        } else if bytes.is_empty() && content_type.is_none() {
+            Data::None
+        } else {
+            Data::Binary(bytes)
+        }
+    }
+}
+
+/// Checks that `bytes` hold exactly one JSON document, without building a tree.
+pub fn is_json(bytes: &[u8]) -> bool {
+    !bytes.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+}
+
+/// `application/json`, `text/json` and any `+json` structured suffix (parameters ignored).
+pub fn is_json_media_type(ct: &str) -> bool {
+    let essence = ct.split(';').next().unwrap_or("").trim();
+    let (ty, sub) = match essence.split_once('/') {
+        Some(p) => p,
+        None => return false,
+    };
+    (ty.eq_ignore_ascii_case("application") || ty.eq_ignore_ascii_case("text"))
+        && (sub.eq_ignore_ascii_case("json")
+            || sub.len() > 5 && sub[sub.len() - 5..].eq_ignore_ascii_case("+json"))
+}
+
+/// A CloudEvent 1.0. Build one with [`Event::new`] and the setters, or decode one with the
+/// [`crate::format`] and [`crate::http_binding`] modules; call [`Event::validate`] on anything
+/// built from untrusted parts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    pub id: String,
+    pub source: String,
+    pub ty: String,
+    pub datacontenttype: Option<String>,
+    pub dataschema: Option<String>,
+    pub subject: Option<String>,
+    pub time: Option<Timestamp>,
+    /// Extension attributes in arrival order; names are unique.
+    pub extensions: Vec<(String, ExtValue)>,
+    pub data: Data,
+}
+
+impl Event {
+    pub fn new(id: impl Into<String>, source: impl Into<String>, ty: impl Into<String>) -> Self {
+        Event {
+            id: id.into(),
+            source: source.into(),
+            ty: ty.into(),
+            datacontenttype: None,
+            dataschema: None,
+            subject: None,
+            time: None,
+            extensions: Vec::new(),
+            data: Data::None,
+        }
+    }
+
+    pub fn with_subject(mut self, subject: impl Into<String>) -> Self {
+        self.subject = Some(subject.into());
+        self
+    }
+
+    pub fn with_time(mut self, time: Timestamp) -> Self {
+        self.time = Some(time);
+        self
+    }
+
+    /// Sets JSON data (the caller promises well-formed JSON) and `application/json`.
+    pub fn with_json(mut self, json: impl Into<Bytes>) -> Self {
+        self.datacontenttype = Some("application/json".into());
+        self.data = Data::Json(json.into());
+        self
+    }
+
+    pub fn with_data(mut self, content_type: Option<String>, data: Data) -> Self {
+        self.datacontenttype = content_type;
+        self.data = data;
+        self
+    }
+
+    pub fn extension(&self, name: &str) -> Option<&ExtValue> {
+        self.extensions
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+    }
+
+    /// Sets (or replaces) an extension attribute. The name is checked by [`Event::validate`].
+    pub fn set_extension(&mut self, name: impl Into<String>, value: impl Into<ExtValue>) {
+        let name = name.into();
+        let value = value.into();
+        match self.extensions.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.extensions.push((name, value)),
+        }
+    }
+
+    /// A rough size in bytes, used for queue and memory accounting.
+    pub fn approx_size(&self) -> usize {
+        let attrs = self.id.len()
+            + self.source.len()
+            + self.ty.len()
+            + self.datacontenttype.as_ref().map_or(0, String::len)
+            + self.dataschema.as_ref().map_or(0, String::len)
+            + self.subject.as_ref().map_or(0, String::len)
+            + self.time.as_ref().map_or(0, |t| t.as_str().len())
+            + self
+                .extensions
+                .iter()
+                .map(|(n, v)| n.len() + v.to_canonical().len() + 32)
+                .sum::<usize>();
+        std::mem::size_of::<Event>() + attrs + self.data.len()
+    }
+
+    /// Checks every rule of the CloudEvents 1.0 core spec that a value can break.
+    pub fn validate(&self) -> Result<(), EventError> {
+        check_string("id", &self.id, true)?;
+        check_string("source", &self.source, true)?;
+        if iri_string::validate::iri_reference::<iri_string::spec::UriSpec>(self.source.as_str()).is_err() {
+            return Err(EventError(format!(
+                "source {:?} is not a URI-reference (RFC 3986)",
+                self.source
+            )));
+        }
+        check_string("type", &self.ty, true)?;
+        if let Some(ct) = &self.datacontenttype {
+            check_media_type(ct)?;
+        }
+        if let Some(schema) = &self.dataschema {
+            if schema.is_empty() || iri_string::validate::iri::<iri_string::spec::UriSpec>(schema.as_str()).is_err() {
+                return Err(EventError(format!(
+                    "dataschema {schema:?} is not an absolute URI"
+                )));
+            }
+        }
+        if let Some(subject) = &self.subject {
+            check_string("subject", subject, true)?;
+        }
+        for (i, (name, value)) in self.extensions.iter().enumerate() {
+            check_extension_name(name)?;
+            if self.extensions[..i].iter().any(|(n, _)| n == name) {
+                return Err(EventError(format!("extension {name:?} appears twice")));
+            }
+            if let ExtValue::String(s) = value {
+                check_string(name, s, false)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Extension and attribute names: lowercase ASCII letters and digits, 1 to 20 characters.
+pub fn check_extension_name(name: &str) -> Result<(), EventError> {
+    let ok = !name.is_empty()
+        && name.len() <= 20
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if !ok {
+        return Err(EventError(format!(
+            "attribute name {name:?} is invalid: CloudEvents attribute names are 1 to 20 \
+             lowercase letters or digits"
+        )));
+    }
+    if CORE_ATTRIBUTES.contains(&name) || name == "data" {
+        return Err(EventError(format!(
+            "{name:?} is a reserved attribute name and cannot be an extension"
+        )));
+    }
+    Ok(())
+}
+
+fn check_string(attr: &str, value: &str, non_empty: bool) -> Result<(), EventError> {
+    if non_empty && value.is_empty() {
+        return Err(EventError(format!("{attr} must not be empty")));
+    }
+    if value
+        .chars()
+        .any(|c| matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}'))
+    {
+        return Err(EventError(format!(
+            "{attr} contains a control character, which CloudEvents strings may not carry"
+        )));
+    }
+    Ok(())
+}
+
+/// RFC 2046 media type: `type/subtype` with optional parameters.
+pub fn check_media_type(ct: &str) -> Result<(), EventError> {
+    match ct.parse::<mime::Mime>() {
+        Ok(m) if !m.subtype().as_str().is_empty() && !m.type_().as_str().is_empty() => Ok(()),
+        _ => Err(EventError(format!(
+            "datacontenttype {ct:?} is not an RFC 2046 media type (type/subtype)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn minimal() -> Event {
+        Event::new("1", "https://example.com/src", "com.example.test")
+    }
+
+    #[test]
+    fn minimal_is_valid() {
+        minimal().validate().unwrap();
+    }
+
+    #[test]
+    fn empty_required_attributes_are_rejected() {
+        for (i, e) in [
+            Event::new("", "/s", "t"),
+            Event::new("1", "", "t"),
+            Event::new("1", "/s", ""),
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert!(e.validate().is_err(), "case {i} should fail");
+        }
+    }
+
+    #[test]
+    fn source_must_be_a_uri_reference() {
+        let mut e = minimal();
+        e.source = "not a uri ref ::".into();
+        assert!(e.validate().unwrap_err().0.contains("URI-reference"));
+        for ok in ["#fragment", "/a/b", "urn:x:y", "//authority/path", "order-svc"] {
+            e.source = ok.into();
+            e.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn extension_names_follow_the_spec() {
+        for bad in [
+            "MyExtension",
+            "my.extension",
+            "with_underscore",
+            "",
+            "abcdefghijklmnopqrstu",
+            "id",
+            "data",
+        ] {
+            let mut e = minimal();
+            e.set_extension(bad, "v");
+            assert!(e.validate().is_err(), "{bad:?} should be rejected");
+        }
+        let mut e = minimal();
+        e.set_extension("abcdefghijklmnopqrst", "v");
+        e.set_extension("traceparent", "00-abc");
+        e.validate().unwrap();
+    }
+
+    #[test]
+    fn control_characters_are_rejected() {
+        let mut e = minimal();
+        e.set_extension("ext", "a\u{1}b");
+        assert!(e.validate().is_err());
+        let mut e = minimal();
+        e.subject = Some("line\nbreak".into());
+        assert!(e.validate().is_err());
+        let mut e = minimal();
+        e.id = "x\u{85}y".into();
+        assert!(e.validate().is_err());
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        for ok in [
+            "2018-04-05T17:31:00Z",
+            "2018-04-05T17:31:00.000000000Z",
+            "2018-04-05T18:31:00+01:00",
+            "2018-04-05T16:31:00-01:00",
+        ] {
+            let t = Timestamp::parse(ok).unwrap();
+            assert_eq!(t.as_str(), ok, "text is kept as it came");
+            assert_eq!(t, Timestamp::parse("2018-04-05T17:31:00Z").unwrap());
+        }
+        for bad in [
+            "lunchtime",
+            "2018-04-05T18:31Z",
+            "2018-04-05T18:31:00X",
+            "2018-04-05T18:31:00+25:00",
+            "2018-04-05T18:31:00+xx:00",
+            "2018-04-05T18:31:00+05",
+            "2018-04-05 18:31:00Z",
+        ] {
+            assert!(Timestamp::parse(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn media_types() {
+        let mut e = minimal();
+        for bad in ["xyz", "", "application/"] {
+            e.datacontenttype = Some(bad.into());
+            assert!(e.validate().is_err(), "{bad:?}");
+        }
+        e.datacontenttype = Some("application/json; charset=utf-8".into());
+        e.validate().unwrap();
+        assert!(is_json_media_type("application/cloudevents+json"));
+        assert!(is_json_media_type("text/json"));
+        assert!(is_json_media_type("Application/JSON; charset=utf-8"));
+        assert!(!is_json_media_type("text/plain"));
+        assert!(!is_json_media_type("application/jsonx"));
+    }
+
+    #[test]
+    fn data_from_bytes_marks_json_only_when_it_is_json() {
+        let ct = Some("application/json");
+        assert!(matches!(
+            Data::from_bytes(Bytes::from_static(b"{\"a\":1}"), ct),
+            Data::Json(_)
+        ));
+        assert!(matches!(
+            Data::from_bytes(Bytes::from_static(b"{not json"), ct),
+            Data::Binary(_)
+        ));
+        assert!(matches!(
+            Data::from_bytes(Bytes::from_static(b"{\"a\":1}"), Some("text/plain")),
+            Data::Binary(_)
+        ));
+        assert!(matches!(
+            Data::from_bytes(Bytes::new(), None),
+            Data::None
+        ));
+    }
+
+    #[test]
+    fn dataschema_must_be_absolute() {
+        let mut e = minimal();
+        e.dataschema = Some("/relative".into());
+        assert!(e.validate().is_err());
+        e.dataschema = Some("https://cloudevents.io/dataschema".into());
+        e.validate().unwrap();
+    }
+}

@@ -1,0 +1,24 @@
+//! The contract every Sluice connector and the daemon share: the CloudEvent model and its
+//! encodings, the acknowledged pipeline with backpressure and dedup, the connector traits, and
+//! the metric names. This crate imports no other crate of ours.
+
+pub mod contract;
+pub mod event;
+pub mod format;
+pub mod http_binding;
+pub mod kafka_binding;
+pub mod pipeline;
+#[cfg(feature = "cloudevents-sdk")]
+pub mod sdk;
+pub mod state;
+pub mod telemetry;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+pub mod units;
+
+pub use contract::{
+    BoxFuture, ConnectorError, Running, Shared, SinkConfig, SinkContext, SourceConfig,
+    SourceContext,
+};
+pub use event::{Data, Event, EventError, ExtValue, Timestamp};
+pub use pipeline::{Delivery, Outcome, Overloaded, Pending, SinkInput, SinkItem, SourceSender, Status};

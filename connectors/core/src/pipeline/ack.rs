@@ -1,0 +1,324 @@
+//! Acknowledgements, tracked per inbound unit (one HTTP request, one broker message, one slot).
+//!
+//! A unit holds one small state block behind one mutex. Every (event, sink) pair that was queued
+//! holds a [`Delivery`]; when the last one reports, the unit resolves once with the worst status
+//! (Rejected > Failed > Delivered). A `Delivery` dropped without a report counts as Failed, so an
+//! event can never be acknowledged upstream by accident.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+
+use super::dedup::Dedup;
+use super::queue::SinkShared;
+
+/// What happened to an event, or to a whole inbound unit (the worst of its events).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Status {
+    /// Every sink it was routed to confirmed it (or it was a duplicate of a delivered event).
+    Delivered,
+    /// A transient failure: the sender should retry (HTTP 5xx, broker nack with requeue).
+    Failed,
+    /// A permanent refusal: retrying the same input will not help (HTTP 4xx, nack to DLQ).
+    Rejected,
+}
+
+/// The resolution of one inbound unit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub status: Status,
+    /// The first failure or rejection reason, for the answer to the sender and the logs.
+    pub reason: Option<String>,
+    /// Events in the unit.
+    pub events: usize,
+    /// Events answered as duplicates and not forwarded.
+    pub duplicates: usize,
+}
+
+impl Outcome {
+    pub fn is_delivered(&self) -> bool {
+        self.status == Status::Delivered
+    }
+}
+
+#[derive(Debug)]
+struct EventState {
+    /// The dedup key this event inserted (duplicates insert nothing).
+    key: Option<u128>,
+    pending: u32,
+    status: Status,
+}
+
+struct UnitState {
+    events: Vec<EventState>,
+    /// Deliveries outstanding, plus one while the unit is being routed.
+    pending: usize,
+    reason: Option<String>,
+    duplicates: usize,
+    tx: Option<oneshot::Sender<Outcome>>,
+}
+
+pub(crate) struct Unit {
+    state: Mutex<UnitState>,
+    pub(crate) started: Instant,
+    dedup: Option<Arc<Dedup>>,
+}
+
+impl Unit {
+    pub(crate) fn new(
+        events: usize,
+        dedup: Option<Arc<Dedup>>,
+    ) -> (Arc<Unit>, oneshot::Receiver<Outcome>) {
+        let (tx, rx) = oneshot::channel();
+        let mut states = Vec::with_capacity(events);
+        states.resize_with(events, || EventState {
+            key: None,
+            pending: 0,
+            status: Status::Delivered,
+        });
+        let unit = Arc::new(Unit {
+            state: Mutex::new(UnitState {
+                events: states,
+                pending: 1,
+                reason: None,
+                duplicates: 0,
+                tx: Some(tx),
+            }),
+            started: Instant::now(),
+            dedup,
+        });
+        (unit, rx)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, UnitState> {
+        // A panic while holding this lock cannot leave the counts half-updated in a way that
+        // matters more than losing the answer; keep going with the data.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn set_key(&self, idx: usize, key: u128) {
+        self.lock().events[idx].key = Some(key);
+    }
+
+    /// Settles an event without a delivery (duplicate, unrouted, dead sink).
+    pub(crate) fn settle(&self, idx: usize, status: Status, reason: Option<String>, duplicate: bool) {
+        let mut st = self.lock();
+        let ev = &mut st.events[idx];
+        ev.status = ev.status.max(status);
+        if duplicate {
+            st.duplicates += 1;
+        }
+        if status != Status::Delivered && st.reason.is_none() {
+            st.reason = reason;
+        }
+    }
+
+    /// Adds one outstanding report for event `idx` (a delivery, or the routing hold).
+    pub(crate) fn hold(&self, idx: usize) {
+        let mut st = self.lock();
+        st.events[idx].pending += 1;
+        st.pending += 1;
+    }
+
+    /// Reports one outstanding item of event `idx`.
+    pub(crate) fn report(&self, idx: usize, status: Status, reason: Option<String>) {
+        let mut st = self.lock();
+        let ev = &mut st.events[idx];
+        ev.status = ev.status.max(status);
+        ev.pending -= 1;
+        let finished = ev.pending == 0;
+        let (key, ev_status) = (ev.key, ev.status);
+        if status != Status::Delivered && st.reason.is_none() {
+            st.reason = reason;
+        }
+        if finished {
+            if let (Some(key), Some(dedup)) = (key, &self.dedup) {
+                if ev_status == Status::Delivered {
+                    dedup.confirm(key);
+                } else {
+                    // Not delivered: forget it, so the sender's retry is not taken for a duplicate.
+                    dedup.forget(key);
+                }
+            }
+        }
+        st.pending -= 1;
+        if st.pending == 0 {
+            Self::fire(&mut st);
+        }
+    }
+
+    /// Ends routing. Called exactly once, by [`RoutingGuard`].
+    fn end_routing(&self) {
+        let mut st = self.lock();
+        st.pending -= 1;
+        if st.pending == 0 {
+            Self::fire(&mut st);
+        }
+    }
+
+    fn fire(st: &mut UnitState) {
+        let status = st
+            .events
+            .iter()
+            .map(|e| e.status)
+            .max()
+            .unwrap_or(Status::Delivered);
+        if let Some(tx) = st.tx.take() {
+            let _ = tx.send(Outcome {
+                status,
+                reason: if status == Status::Delivered {
+                    None
+                } else {
+                    st.reason.take()
+                },
+                events: st.events.len(),
+                duplicates: st.duplicates,
+            });
+        }
+    }
+}
+
+/// Holds a unit open while its events are routed. If the routing future is dropped half-way
+/// (a send timeout), the event being routed is failed, so a partial fan-out is never reported
+/// as delivered and its dedup entry is forgotten.
+pub(crate) struct RoutingGuard {
+    pub(crate) unit: Arc<Unit>,
+    /// The event currently held, if any.
+    pub(crate) holding: Option<usize>,
+    finished: bool,
+}
+
+impl RoutingGuard {
+    pub(crate) fn new(unit: Arc<Unit>) -> Self {
+        RoutingGuard {
+            unit,
+            holding: None,
+            finished: false,
+        }
+    }
+
+    pub(crate) fn begin_event(&mut self, idx: usize) {
+        self.unit.hold(idx);
+        self.holding = Some(idx);
+    }
+
+    pub(crate) fn end_event(&mut self) {
+        if let Some(idx) = self.holding.take() {
+            self.unit.report(idx, Status::Delivered, None);
+        }
+    }
+
+    pub(crate) fn finish(mut self) {
+        self.end_event();
+        self.finished = true;
+        self.unit.end_routing();
+    }
+}
+
+impl Drop for RoutingGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            if let Some(idx) = self.holding.take() {
+                self.unit.report(
+                    idx,
+                    Status::Failed,
+                    Some("the pipeline did not accept the event in time".into()),
+                );
+            }
+            self.unit.end_routing();
+        }
+    }
+}
+
+/// One event's delivery to one sink. Report it with [`Delivery::delivered`],
+/// [`Delivery::failed`] or [`Delivery::rejected`]; dropping it unreported counts as failed.
+/// Holding it holds the event's share of the sink's queue bytes and the memory budget.
+pub struct Delivery {
+    unit: Arc<Unit>,
+    idx: usize,
+    sink: Arc<SinkShared>,
+    bytes: u32,
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    done: bool,
+}
+
+impl Delivery {
+    pub(crate) fn new(
+        unit: Arc<Unit>,
+        idx: usize,
+        sink: Arc<SinkShared>,
+        bytes: u32,
+        permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    ) -> Self {
+        unit.hold(idx);
+        sink.telemetry.queue_bytes.increment(bytes as f64);
+        Delivery {
+            unit,
+            idx,
+            sink,
+            bytes,
+            _permits: permits,
+            done: false,
+        }
+    }
+
+    pub fn delivered(self) {
+        self.complete(Status::Delivered, None)
+    }
+
+    pub fn failed(self, reason: impl Into<String>) {
+        self.complete(Status::Failed, Some(reason.into()))
+    }
+
+    pub fn rejected(self, reason: impl Into<String>) {
+        self.complete(Status::Rejected, Some(reason.into()))
+    }
+
+    /// When the event entered Sluice (for latency).
+    pub fn received_at(&self) -> Instant {
+        self.unit.started
+    }
+
+    pub fn complete(mut self, status: Status, reason: Option<String>) {
+        self.report(status, reason);
+    }
+
+    fn report(&mut self, status: Status, reason: Option<String>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let t = &self.sink.telemetry;
+        match status {
+            Status::Delivered => {
+                t.delivered.increment(1);
+                t.latency.record(self.unit.started.elapsed().as_secs_f64());
+            }
+            Status::Failed | Status::Rejected => t.failures.increment(1),
+        }
+        let reason = reason.map(|r| format!("sink {}: {r}", self.sink.name));
+        self.unit.report(self.idx, status, reason);
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        self.sink.telemetry.queue_bytes.decrement(self.bytes as f64);
+        if !self.done {
+            self.report(
+                Status::Failed,
+                Some("the sink stopped before reporting the event".into()),
+            );
+        }
+    }
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("sink", &self.sink.name)
+            .field("event", &self.idx)
+            .finish()
+    }
+}

@@ -1,0 +1,519 @@
+//! source → dedup → router → one bounded queue per sink → sink.
+//!
+//! There is no central pipeline task: a source's [`SourceSender`] deduplicates, routes and
+//! queues on the source's own task, so the pressure of a full queue reaches the source directly
+//! and there is no extra hop per event.
+
+pub mod ack;
+pub mod dedup;
+pub mod queue;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, Semaphore};
+
+pub use ack::{Delivery, Outcome, Status};
+pub use dedup::{dedup_key, Check, Dedup, DedupConfig};
+pub use queue::{SinkInput, SinkItem, WhenFull};
+
+use crate::event::Event;
+use crate::telemetry::SourceTelemetry;
+use ack::{RoutingGuard, Unit};
+use queue::SinkQueue;
+
+/// What happens to an event that no route takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unrouted {
+    /// Count it and acknowledge it upstream (default).
+    #[default]
+    Ack,
+    /// Count it and refuse it upstream (HTTP 4xx, broker nack).
+    Reject,
+}
+
+/// An attribute a route can match on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attr {
+    Type,
+    Source,
+    Subject,
+}
+
+/// An exact or prefix match on one attribute.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Match {
+    Exact(Attr, String),
+    Prefix(Attr, String),
+}
+
+impl Match {
+    fn matches(&self, e: &Event) -> bool {
+        let get = |a: &Attr| match a {
+            Attr::Type => Some(e.ty.as_str()),
+            Attr::Source => Some(e.source.as_str()),
+            Attr::Subject => e.subject.as_deref(),
+        };
+        match self {
+            Match::Exact(a, v) => get(a) == Some(v.as_str()),
+            Match::Prefix(a, v) => get(a).is_some_and(|s| s.starts_with(v.as_str())),
+        }
+    }
+}
+
+/// A route: events from `from` (source indices) matching every matcher go to `to` (sink
+/// indices).
+#[derive(Clone, Debug)]
+pub struct RouteSpec {
+    pub from: Vec<usize>,
+    pub to: Vec<usize>,
+    pub matches: Vec<Match>,
+}
+
+/// A sink's queue settings.
+#[derive(Clone, Debug)]
+pub struct SinkSpec {
+    pub name: String,
+    pub queue_events: usize,
+    pub queue_bytes: u64,
+    pub when_full: WhenFull,
+}
+
+/// Everything needed to build a pipeline.
+#[derive(Clone, Debug)]
+pub struct PipelineSpec {
+    pub sources: Vec<String>,
+    pub sinks: Vec<SinkSpec>,
+    pub routes: Vec<RouteSpec>,
+    pub dedup: Option<DedupConfig>,
+    /// Persist the dedup window (the caller runs [`Dedup::persist_until`]).
+    pub dedup_persistent: bool,
+    /// Process-wide bound on bytes held in all sink queues together.
+    pub memory_budget: u64,
+    pub unrouted: Unrouted,
+}
+
+/// Per source: the routes that start at it; `static_targets` when none of them filters.
+struct SourceRoutes {
+    routes: Vec<(Vec<Match>, Vec<usize>)>,
+    static_targets: Option<Vec<usize>>,
+}
+
+struct Pipeline {
+    sinks: Vec<SinkQueue>,
+    routes: Vec<SourceRoutes>,
+    dedup: Option<Arc<Dedup>>,
+    unrouted: Unrouted,
+}
+
+/// What [`build`] returns: one sender per source, one input per sink (same order as the spec).
+pub struct Built {
+    pub senders: Vec<SourceSender>,
+    pub inputs: Vec<SinkInput>,
+    pub dedup: Option<Arc<Dedup>>,
+}
+
+pub fn build(spec: &PipelineSpec) -> Built {
+    let budget_max = spec.memory_budget.clamp(1, u32::MAX as u64) as u32;
+    let budget = Arc::new(Semaphore::new(budget_max as usize));
+    let (queues, inputs): (Vec<_>, Vec<_>) = spec
+        .sinks
+        .iter()
+        .map(|s| {
+            queue::sink_queue(
+                &s.name,
+                s.queue_events,
+                s.queue_bytes,
+                s.when_full,
+                budget.clone(),
+                budget_max,
+            )
+        })
+        .unzip();
+    let routes = (0..spec.sources.len())
+        .map(|src| {
+            let mine: Vec<(Vec<Match>, Vec<usize>)> = spec
+                .routes
+                .iter()
+                .filter(|r| r.from.contains(&src))
+                .map(|r| (r.matches.clone(), r.to.clone()))
+                .collect();
+            let static_targets = mine.iter().all(|(m, _)| m.is_empty()).then(|| {
+                let mut t: Vec<usize> = mine.iter().flat_map(|(_, to)| to.iter().copied()).collect();
+                t.sort_unstable();
+                t.dedup();
+                t
+            });
+            SourceRoutes {
+                routes: mine,
+                static_targets,
+            }
+        })
+        .collect();
+    let dedup = spec
+        .dedup
+        .filter(|d| !d.window.is_zero() && d.capacity > 0)
+        .map(|d| Arc::new(Dedup::new(d, spec.dedup_persistent)));
+    let pipeline = Arc::new(Pipeline {
+        sinks: queues,
+        routes,
+        dedup: dedup.clone(),
+        unrouted: spec.unrouted,
+    });
+    let senders = spec
+        .sources
+        .iter()
+        .enumerate()
+        .map(|(i, name)| SourceSender {
+            pipeline: pipeline.clone(),
+            source: i,
+            telemetry: SourceTelemetry::new(name),
+        })
+        .collect();
+    Built {
+        senders,
+        inputs,
+        dedup,
+    }
+}
+
+/// The pipeline refused to take the events within the time given (every queue they need is
+/// full): answer "retry later" upstream (HTTP 503 with `Retry-After`, broker nack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the pipeline is full: downstream cannot keep up; retry later")]
+pub struct Overloaded;
+
+/// A source's handle into the pipeline. Cheap to clone.
+#[derive(Clone)]
+pub struct SourceSender {
+    pipeline: Arc<Pipeline>,
+    source: usize,
+    telemetry: SourceTelemetry,
+}
+
+impl SourceSender {
+    /// Hands one inbound unit's events to the pipeline, waiting as long as the sink queues need
+    /// (that wait is the backpressure). Returns once every event is queued, deduplicated or
+    /// settled; the returned [`Pending`] resolves when all of them are delivered or failed.
+    pub async fn send(&self, events: Vec<Event>) -> Pending {
+        let n = events.len();
+        let (unit, rx) = Unit::new(n, self.pipeline.dedup.clone());
+        let mut guard = RoutingGuard::new(unit);
+        self.telemetry.received.increment(n as u64);
+        let mut targets = Vec::new();
+        for (idx, event) in events.into_iter().enumerate() {
+            self.route_one(&mut guard, &mut targets, idx, event).await;
+        }
+        guard.finish();
+        Pending { rx }
+    }
+
+    /// [`SourceSender::send`] with a bound on the wait for queue space. On `Err(Overloaded)`
+    /// nothing was acknowledged: events that were already queued for some sinks resolve as
+    /// failed, and their dedup entries are forgotten so the sender's retry goes through.
+    pub async fn send_timeout(
+        &self,
+        events: Vec<Event>,
+        timeout: Duration,
+    ) -> Result<Pending, Overloaded> {
+        tokio::time::timeout(timeout, self.send(events))
+            .await
+            .map_err(|_| Overloaded)
+    }
+
+    async fn route_one(
+        &self,
+        guard: &mut RoutingGuard,
+        targets: &mut Vec<usize>,
+        idx: usize,
+        event: Event,
+    ) {
+        let p = &*self.pipeline;
+        if let Some(dedup) = &p.dedup {
+            let key = dedup_key(&event.source, &event.id);
+            match dedup.check(key) {
+                Check::New => guard.unit.set_key(idx, key),
+                Check::Delivered => {
+                    self.telemetry.deduplicated.increment(1);
+                    guard.unit.settle(idx, Status::Delivered, None, true);
+                    return;
+                }
+                Check::InFlight => {
+                    self.telemetry.deduplicated.increment(1);
+                    guard.unit.settle(
+                        idx,
+                        Status::Failed,
+                        Some(format!(
+                            "event {:?} from {:?} is still being delivered; retry later",
+                            event.id, event.source
+                        )),
+                        true,
+                    );
+                    return;
+                }
+            }
+        }
+        let routes = &p.routes[self.source];
+        let list: &[usize] = match &routes.static_targets {
+            Some(t) => t,
+            None => {
+                targets.clear();
+                for (m, to) in &routes.routes {
+                    if m.iter().all(|m| m.matches(&event)) {
+                        targets.extend_from_slice(to);
+                    }
+                }
+                targets.sort_unstable();
+                targets.dedup();
+                targets
+            }
+        };
+        guard.begin_event(idx);
+        match list.split_last() {
+            None => {
+                self.telemetry.unrouted.increment(1);
+                if p.unrouted == Unrouted::Reject {
+                    guard.unit.settle(
+                        idx,
+                        Status::Rejected,
+                        Some("no route takes this event".into()),
+                        false,
+                    );
+                }
+            }
+            Some((&last, rest)) => {
+                for &sink in rest {
+                    p.sinks[sink].push(event.clone(), &guard.unit, idx).await;
+                }
+                p.sinks[last].push(event, &guard.unit, idx).await;
+            }
+        }
+        guard.end_event();
+    }
+
+    /// This source's standard counters.
+    pub fn telemetry(&self) -> &SourceTelemetry {
+        &self.telemetry
+    }
+}
+
+/// Resolves to the [`Outcome`] of one inbound unit.
+pub struct Pending {
+    rx: oneshot::Receiver<Outcome>,
+}
+
+impl Future for Pending {
+    type Output = Outcome;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        Pin::new(&mut self.rx).poll(cx).map(|r| {
+            r.unwrap_or_else(|_| Outcome {
+                status: Status::Failed,
+                reason: Some("the pipeline stopped before the events were settled".into()),
+                events: 0,
+                duplicates: 0,
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(sinks: &[(&str, usize, WhenFull)], routes: Vec<RouteSpec>) -> PipelineSpec {
+        PipelineSpec {
+            sources: vec!["src".into()],
+            sinks: sinks
+                .iter()
+                .map(|(n, q, w)| SinkSpec {
+                    name: (*n).into(),
+                    queue_events: *q,
+                    queue_bytes: 1 << 20,
+                    when_full: *w,
+                })
+                .collect(),
+            routes,
+            dedup: Some(DedupConfig {
+                window: Duration::from_secs(60),
+                capacity: 1000,
+            }),
+            dedup_persistent: false,
+            memory_budget: 1 << 30,
+            unrouted: Unrouted::Ack,
+        }
+    }
+
+    fn all_to(sinks: Vec<usize>) -> Vec<RouteSpec> {
+        vec![RouteSpec {
+            from: vec![0],
+            to: sinks,
+            matches: vec![],
+        }]
+    }
+
+    fn ev(id: &str) -> Event {
+        Event::new(id, "/s", "t")
+    }
+
+    #[tokio::test]
+    async fn delivered_only_when_every_sink_delivered() {
+        let mut b = build(&spec(
+            &[("a", 10, WhenFull::Block), ("b", 10, WhenFull::Block)],
+            all_to(vec![0, 1]),
+        ));
+        let pending = b.senders[0].send(vec![ev("1")]).await;
+        let a = b.inputs[0].recv().await.unwrap();
+        let bb = b.inputs[1].recv().await.unwrap();
+        a.delivery.delivered();
+        let mut pending = Box::pin(pending);
+        assert!(futures_util::poll!(pending.as_mut()).is_pending());
+        bb.delivery.failed("boom");
+        let out = pending.await;
+        assert_eq!(out.status, Status::Failed);
+        assert!(out.reason.unwrap().contains("sink b: boom"));
+    }
+
+    #[tokio::test]
+    async fn dropped_delivery_counts_as_failed() {
+        let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
+        let pending = b.senders[0].send(vec![ev("1")]).await;
+        drop(b.inputs[0].recv().await.unwrap());
+        assert_eq!(pending.await.status, Status::Failed);
+    }
+
+    #[tokio::test]
+    async fn duplicates_are_answered_and_not_forwarded() {
+        let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
+        let s = &b.senders[0];
+        let p1 = s.send(vec![ev("1")]).await;
+        // Still in flight: the duplicate is refused for now, not forwarded.
+        let p2 = s.send(vec![ev("1")]).await;
+        let out2 = p2.await;
+        assert_eq!((out2.status, out2.duplicates), (Status::Failed, 1));
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        assert!(p1.await.is_delivered());
+        let out3 = s.send(vec![ev("1")]).await.await;
+        assert_eq!((out3.status, out3.duplicates), (Status::Delivered, 1));
+        assert!(b.inputs[0].try_recv().is_none(), "nothing forwarded twice");
+    }
+
+    #[tokio::test]
+    async fn failed_events_can_be_retried() {
+        let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
+        let s = &b.senders[0];
+        let p = s.send(vec![ev("1")]).await;
+        b.inputs[0].recv().await.unwrap().delivery.failed("x");
+        assert_eq!(p.await.status, Status::Failed);
+        let p = s.send(vec![ev("1")]).await;
+        let item = b.inputs[0].recv().await.expect("the retry is forwarded");
+        item.delivery.delivered();
+        assert!(p.await.is_delivered());
+    }
+
+    #[tokio::test]
+    async fn full_queue_blocks_and_times_out_then_retry_works() {
+        let mut b = build(&spec(&[("a", 1, WhenFull::Block)], all_to(vec![0])));
+        let s = b.senders[0].clone();
+        let p1 = s.send(vec![ev("1")]).await;
+        let r = s.send_timeout(vec![ev("2")], Duration::from_millis(50)).await;
+        assert!(r.is_err(), "queue of one is full");
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        assert!(p1.await.is_delivered());
+        // The timed-out event was forgotten by dedup: the retry goes through.
+        let p2 = s.send_timeout(vec![ev("2")], Duration::from_millis(500)).await.unwrap();
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        assert!(p2.await.is_delivered());
+    }
+
+    #[tokio::test]
+    async fn drop_newest_sheds_without_blocking_others() {
+        let mut b = build(&spec(
+            &[("slow", 1, WhenFull::DropNewest), ("fast", 10, WhenFull::Block)],
+            all_to(vec![0, 1]),
+        ));
+        let s = b.senders[0].clone();
+        let p1 = s.send(vec![ev("1")]).await;
+        let p2 = s.send_timeout(vec![ev("2")], Duration::from_millis(200)).await.unwrap();
+        // "fast" gets both; "slow" got only the first.
+        for _ in 0..2 {
+            b.inputs[1].recv().await.unwrap().delivery.delivered();
+        }
+        assert!(p2.await.is_delivered(), "a drop by policy is not a failure");
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        assert!(p1.await.is_delivered());
+        assert!(b.inputs[0].try_recv().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_dead_sink_fails_fast() {
+        let mut b = build(&spec(
+            &[("dead", 1, WhenFull::Block), ("ok", 10, WhenFull::Block)],
+            all_to(vec![0, 1]),
+        ));
+        let dead = b.inputs.remove(0);
+        drop(dead);
+        let p = b.senders[0]
+            .send_timeout(vec![ev("1")], Duration::from_millis(200))
+            .await
+            .unwrap();
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        let out = p.await;
+        assert_eq!(out.status, Status::Failed);
+        assert!(out.reason.unwrap().contains("dead"));
+    }
+
+    #[tokio::test]
+    async fn routes_filter_on_type_and_unrouted_policy() {
+        let routes = vec![
+            RouteSpec {
+                from: vec![0],
+                to: vec![0],
+                matches: vec![Match::Prefix(Attr::Type, "com.a.".into())],
+            },
+            RouteSpec {
+                from: vec![0],
+                to: vec![1],
+                matches: vec![Match::Exact(Attr::Subject, "x".into())],
+            },
+        ];
+        let mut sp = spec(&[("a", 10, WhenFull::Block), ("b", 10, WhenFull::Block)], routes);
+        sp.unrouted = Unrouted::Reject;
+        let mut b = build(&sp);
+        let s = &b.senders[0];
+        let p = s.send(vec![Event::new("1", "/s", "com.a.created").with_subject("x")]).await;
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        b.inputs[1].recv().await.unwrap().delivery.delivered();
+        assert!(p.await.is_delivered());
+        let out = s.send(vec![Event::new("2", "/s", "com.b.created")]).await.await;
+        assert_eq!(out.status, Status::Rejected);
+    }
+
+    #[tokio::test]
+    async fn memory_budget_bounds_all_queues_together() {
+        let mut sp = spec(&[("a", 1000, WhenFull::Block), ("b", 1000, WhenFull::Block)], vec![]);
+        sp.sources = vec!["x".into(), "y".into()];
+        sp.routes = vec![
+            RouteSpec { from: vec![0], to: vec![0], matches: vec![] },
+            RouteSpec { from: vec![1], to: vec![1], matches: vec![] },
+        ];
+        let big = || {
+            Event::new(uuid::Uuid::new_v4().to_string(), "/s", "t")
+                .with_json(bytes::Bytes::from(vec![b'1'; 3000]))
+        };
+        sp.memory_budget = 8000;
+        let b = build(&sp);
+        let _p1 = b.senders[0].send(vec![big()]).await;
+        let _p2 = b.senders[1].send(vec![big()]).await;
+        // Two ~3 KB events fit in 8 KB; a third, in either queue, must wait.
+        assert!(b.senders[1]
+            .send_timeout(vec![big()], Duration::from_millis(50))
+            .await
+            .is_err());
+        drop(b.inputs);
+    }
+}

@@ -1,0 +1,181 @@
+//! One bounded queue per sink: bounded in events (the channel) and in bytes (a semaphore), and
+//! every byte also counts against the process-wide memory budget (a second semaphore).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, Semaphore};
+
+use super::ack::{Delivery, Status, Unit};
+use crate::event::Event;
+use crate::telemetry::SinkTelemetry;
+
+/// What a full sink queue does with a new event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenFull {
+    /// Wait for room: the pressure reaches the source, which refuses or pauses (default).
+    #[default]
+    Block,
+    /// Drop the new event for this sink and count it (`sluice_events_dropped_total`). The
+    /// event does not count as failed: choose this only for sinks that may lose events.
+    DropNewest,
+}
+
+pub(crate) struct SinkShared {
+    pub(crate) name: Arc<str>,
+    pub(crate) telemetry: SinkTelemetry,
+}
+
+/// An event and its delivery ticket, as a sink receives it.
+#[derive(Debug)]
+pub struct SinkItem {
+    pub event: Event,
+    pub delivery: Delivery,
+}
+
+pub(crate) struct SinkQueue {
+    tx: mpsc::Sender<SinkItem>,
+    bytes: Arc<Semaphore>,
+    max_bytes: u32,
+    budget: Arc<Semaphore>,
+    budget_max: u32,
+    when_full: WhenFull,
+    pub(crate) shared: Arc<SinkShared>,
+}
+
+/// The receiving end of a sink's queue.
+pub struct SinkInput {
+    rx: mpsc::Receiver<SinkItem>,
+    shared: Arc<SinkShared>,
+}
+
+pub(crate) fn sink_queue(
+    name: &str,
+    events: usize,
+    bytes: u64,
+    when_full: WhenFull,
+    budget: Arc<Semaphore>,
+    budget_max: u32,
+) -> (SinkQueue, SinkInput) {
+    let (tx, rx) = mpsc::channel(events.max(1));
+    let max_bytes = bytes.clamp(1, u32::MAX as u64) as u32;
+    let shared = Arc::new(SinkShared {
+        name: name.into(),
+        telemetry: SinkTelemetry::new(name),
+    });
+    (
+        SinkQueue {
+            tx,
+            bytes: Arc::new(Semaphore::new(max_bytes as usize)),
+            max_bytes,
+            budget,
+            budget_max,
+            when_full,
+            shared: shared.clone(),
+        },
+        SinkInput { rx, shared },
+    )
+}
+
+impl SinkQueue {
+    /// Queues `event` for this sink on behalf of event `idx` of `unit`. Cancel-safe: permits
+    /// taken before a cancellation are returned, and the delivery ticket exists only once the
+    /// event is in the queue.
+    pub(crate) async fn push(&self, event: Event, unit: &Arc<Unit>, idx: usize) {
+        // An event larger than a bound still passes, alone, when the queue is empty.
+        let size = (event.approx_size().min(u32::MAX as usize) as u32).min(self.max_bytes);
+        let gsize = size.min(self.budget_max);
+        let t = &self.shared.telemetry;
+        let reserved = match self.when_full {
+            WhenFull::Block => {
+                let p1 = self.bytes.clone().acquire_many_owned(size).await;
+                let p2 = self.budget.clone().acquire_many_owned(gsize).await;
+                match (p1, p2, self.tx.reserve().await) {
+                    (Ok(p1), Ok(p2), Ok(slot)) => Some((p1, p2, slot)),
+                    _ => None,
+                }
+            }
+            WhenFull::DropNewest => {
+                let p1 = self.bytes.clone().try_acquire_many_owned(size);
+                let p2 = self.budget.clone().try_acquire_many_owned(gsize);
+                match (p1, p2) {
+                    (Ok(p1), Ok(p2)) => match self.tx.try_reserve() {
+                        Ok(slot) => Some((p1, p2, slot)),
+                        Err(mpsc::error::TrySendError::Full(())) => {
+                            t.dropped_full.increment(1);
+                            return;
+                        }
+                        Err(mpsc::error::TrySendError::Closed(())) => None,
+                    },
+                    _ if self.tx.is_closed() => None,
+                    _ => {
+                        t.dropped_full.increment(1);
+                        return;
+                    }
+                }
+            }
+        };
+        match reserved {
+            Some((p1, p2, slot)) => {
+                let delivery = Delivery::new(unit.clone(), idx, self.shared.clone(), size, (p1, p2));
+                t.queue_events.increment(1.0);
+                slot.send(SinkItem { event, delivery });
+            }
+            None => {
+                t.failures.increment(1);
+                unit.settle(
+                    idx,
+                    Status::Failed,
+                    Some(format!(
+                        "sink {} is not running; check its log lines and /readyz",
+                        self.shared.name
+                    )),
+                    false,
+                );
+            }
+        }
+    }
+}
+
+impl SinkInput {
+    /// The sink's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The next item; `None` once every source is gone and the queue is drained.
+    pub async fn recv(&mut self) -> Option<SinkItem> {
+        let item = self.rx.recv().await;
+        if item.is_some() {
+            self.shared.telemetry.queue_events.decrement(1.0);
+        }
+        item
+    }
+
+    /// Up to `limit` items appended to `buf`, waiting for at least one. Returns 0 once every
+    /// source is gone and the queue is drained.
+    pub async fn recv_many(&mut self, buf: &mut Vec<SinkItem>, limit: usize) -> usize {
+        let n = self.rx.recv_many(buf, limit.max(1)).await;
+        self.shared.telemetry.queue_events.decrement(n as f64);
+        n
+    }
+
+    /// Whatever is queued now, without waiting.
+    pub fn try_recv(&mut self) -> Option<SinkItem> {
+        let item = self.rx.try_recv().ok();
+        if item.is_some() {
+            self.shared.telemetry.queue_events.decrement(1.0);
+        }
+        item
+    }
+
+    /// Events waiting in the queue.
+    pub fn len(&self) -> usize {
+        self.rx.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+}

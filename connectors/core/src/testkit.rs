@@ -1,0 +1,267 @@
+//! What every connector's tests use: a real pipeline around one connector, a capture sink or a
+//! feeding source, and checks of the standard telemetry every connector must emit.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio_util::sync::CancellationToken;
+
+use crate::contract::{Shared, SinkContext, SourceContext};
+use crate::event::Event;
+use crate::pipeline::{
+    self, DedupConfig, Outcome, PipelineSpec, RouteSpec, SinkInput, SinkItem, SinkSpec,
+    SourceSender, Status, Unrouted, WhenFull,
+};
+use crate::state::{MemoryStateStore, StateStore};
+
+/// The process-wide Prometheus recorder for tests (installed once).
+pub fn metrics() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .install_recorder()
+            .expect("testkit: another metrics recorder is already installed")
+    })
+}
+
+/// The sum of every sample of `name` whose labels include all of `labels`.
+pub fn metric(name: &str, labels: &[(&str, &str)]) -> f64 {
+    let text = metrics().render();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            if metric != name {
+                return None;
+            }
+            let ok = labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+            ok.then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
+}
+
+fn spec(source: &str, sink: &str, queue_events: usize, when_full: WhenFull) -> PipelineSpec {
+    PipelineSpec {
+        sources: vec![source.into()],
+        sinks: vec![SinkSpec {
+            name: sink.into(),
+            queue_events,
+            queue_bytes: 64 << 20,
+            when_full,
+        }],
+        routes: vec![RouteSpec {
+            from: vec![0],
+            to: vec![0],
+            matches: vec![],
+        }],
+        dedup: Some(DedupConfig {
+            window: Duration::from_secs(600),
+            capacity: 100_000,
+        }),
+        dedup_persistent: false,
+        memory_budget: 256 << 20,
+        unrouted: Unrouted::Ack,
+    }
+}
+
+/// A source under test, wired through the real pipeline into a [`Capture`] sink.
+pub struct SourceRig {
+    pub shutdown: CancellationToken,
+    pub state: Arc<MemoryStateStore>,
+    sender: Option<SourceSender>,
+    capture: Option<Capture>,
+}
+
+impl SourceRig {
+    pub fn new(source: &str) -> Self {
+        Self::with_queue(source, 10_000, WhenFull::Block)
+    }
+
+    /// With a capture queue of `queue_events` (a small one makes backpressure easy to test).
+    pub fn with_queue(source: &str, queue_events: usize, when_full: WhenFull) -> Self {
+        metrics();
+        let mut built = pipeline::build(&spec(
+            source,
+            &format!("{source}-capture"),
+            queue_events,
+            when_full,
+        ));
+        SourceRig {
+            shutdown: CancellationToken::new(),
+            state: Arc::new(MemoryStateStore::default()),
+            sender: built.senders.pop(),
+            capture: built.inputs.pop().map(|input| Capture { input }),
+        }
+    }
+
+    /// The context to pass to the source's `build` (once).
+    pub fn context(&mut self, name: &str) -> SourceContext {
+        SourceContext {
+            name: name.into(),
+            shutdown: self.shutdown.clone(),
+            sender: self.sender.take().expect("testkit: context() is taken once"),
+            state: Some(self.state.clone() as Arc<dyn StateStore>),
+            shared: Shared::default(),
+        }
+    }
+
+    /// The capture sink (once).
+    pub fn capture(&mut self) -> Capture {
+        self.capture.take().expect("testkit: capture() is taken once")
+    }
+}
+
+/// The receiving end of a [`SourceRig`].
+pub struct Capture {
+    input: SinkInput,
+}
+
+impl Capture {
+    /// The next queued item, or a panic after `timeout`.
+    pub async fn next_within(&mut self, timeout: Duration) -> SinkItem {
+        tokio::time::timeout(timeout, self.input.recv())
+            .await
+            .expect("testkit: no event arrived in time")
+            .expect("testkit: the pipeline closed")
+    }
+
+    /// The next event, acknowledged as delivered.
+    pub async fn deliver_next(&mut self) -> Event {
+        let item = self.next_within(Duration::from_secs(10)).await;
+        item.delivery.delivered();
+        item.event
+    }
+
+    /// Whatever is queued right now (not acknowledged).
+    pub fn try_next(&mut self) -> Option<SinkItem> {
+        self.input.try_recv()
+    }
+
+    pub fn queued(&self) -> usize {
+        self.input.len()
+    }
+
+    /// Settles every event with `status` in the background and collects them.
+    pub fn auto(mut self, status: Status) -> Collected {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = events.clone();
+        tokio::spawn(async move {
+            while let Some(item) = self.input.recv().await {
+                sink.lock().unwrap().push(item.event);
+                match status {
+                    Status::Delivered => item.delivery.delivered(),
+                    Status::Failed => item.delivery.failed("testkit: told to fail"),
+                    Status::Rejected => item.delivery.rejected("testkit: told to reject"),
+                }
+            }
+        });
+        Collected(events)
+    }
+}
+
+/// Events collected by [`Capture::auto`].
+#[derive(Clone)]
+pub struct Collected(Arc<Mutex<Vec<Event>>>);
+
+impl Collected {
+    pub fn events(&self) -> Vec<Event> {
+        self.0.lock().unwrap().clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits until at least `n` events arrived (panics after 10 s).
+    pub async fn wait_for(&self, n: usize) -> Vec<Event> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.len() >= n {
+                return self.events();
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("testkit: expected {n} events, got {}", self.len());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A sink under test, fed by a test source through the real pipeline.
+pub struct SinkRig {
+    pub shutdown: CancellationToken,
+    pub state: Arc<MemoryStateStore>,
+    sender: Option<SourceSender>,
+    input: Option<SinkInput>,
+}
+
+impl SinkRig {
+    pub fn new(sink: &str) -> Self {
+        metrics();
+        let mut built = pipeline::build(&spec(&format!("{sink}-feed"), sink, 10_000, WhenFull::Block));
+        SinkRig {
+            shutdown: CancellationToken::new(),
+            state: Arc::new(MemoryStateStore::default()),
+            sender: built.senders.pop(),
+            input: built.inputs.pop(),
+        }
+    }
+
+    /// The context to pass to the sink's `build` (once).
+    pub fn context(&mut self, name: &str) -> SinkContext {
+        SinkContext {
+            name: name.into(),
+            input: self.input.take().expect("testkit: context() is taken once"),
+            shutdown: self.shutdown.clone(),
+            state: Some(self.state.clone() as Arc<dyn StateStore>),
+            shared: Shared::default(),
+        }
+    }
+
+    /// Sends one unit and waits for its outcome.
+    pub async fn send(&self, events: Vec<Event>) -> Outcome {
+        self.sender().send(events).await.await
+    }
+
+    pub fn sender(&self) -> &SourceSender {
+        self.sender.as_ref().expect("testkit: the feed was closed")
+    }
+
+    /// Drops the feed: the sink sees the end of its input and should return.
+    pub fn close(&mut self) {
+        self.sender = None;
+    }
+}
+
+/// Checks the standard source telemetry.
+pub fn assert_source_telemetry(source: &str, received: u64) {
+    let got = metric(crate::telemetry::EVENTS_RECEIVED, &[("source", source)]);
+    assert_eq!(
+        got, received as f64,
+        "sluice_events_received_total{{source={source:?}}}"
+    );
+}
+
+/// Checks the standard sink telemetry.
+pub fn assert_sink_telemetry(sink: &str, delivered: u64, failures: u64) {
+    let d = metric(crate::telemetry::EVENTS_DELIVERED, &[("sink", sink)]);
+    let f = metric(crate::telemetry::DELIVERY_FAILURES, &[("sink", sink)]);
+    assert_eq!(
+        (d, f),
+        (delivered as f64, failures as f64),
+        "(sluice_events_delivered_total, sluice_delivery_failures_total) for sink {sink:?}"
+    );
+    let count = metric(
+        &format!("{}_count", crate::telemetry::DELIVERY_LATENCY),
+        &[("sink", sink)],
+    );
+    assert_eq!(count, delivered as f64, "latency recorded once per delivered event");
+}
