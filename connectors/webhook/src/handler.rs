@@ -1,0 +1,458 @@
+//! One request: route → method → auth → limits → events → pipeline → honest answer.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use metrics::Counter;
+use sha2::{Digest, Sha256};
+use sluice_core::event::{check_media_type, Data, Event, ExtValue, Timestamp};
+use sluice_core::http_binding;
+use sluice_core::telemetry::SourceTelemetry;
+use sluice_core::{SourceContext, SourceSender, Status};
+
+use crate::auth::Auth;
+use crate::server::Listener;
+use crate::{AckMode, Format, IdFallback, WebhookConfig};
+
+type Resp = Response<Full<Bytes>>;
+
+/// Status codes counted per source in `sluice_webhook_responses_total{source,status}`.
+const COUNTED: [u16; 12] = [200, 202, 204, 400, 401, 403, 405, 408, 413, 415, 422, 503];
+
+/// A webhook source, as its listener sees it.
+pub(crate) struct Route {
+    name: String,
+    sender: SourceSender,
+    telemetry: SourceTelemetry,
+    methods: Vec<http::Method>,
+    allow: HeaderValue,
+    max_body: u64,
+    body_timeout: Duration,
+    accept_timeout: Duration,
+    ack_timeout: Duration,
+    ack: AckMode,
+    auth: Option<Auth>,
+    id_headers: Vec<HeaderName>,
+    id_fallback: IdFallback,
+    format: Format,
+    ty: String,
+    source: String,
+    subject: String,
+    header_ext: Vec<(HeaderName, String)>,
+    allowed_origins: Vec<String>,
+    metadata: Bytes,
+    responses: Vec<(u16, Counter)>,
+}
+
+/// `X-Request-Id` → `xrequestid`: the header name's lowercase letters and digits.
+pub(crate) fn extension_name(header: &str) -> String {
+    header
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
+impl Route {
+    pub(crate) fn new(cfg: WebhookConfig, ctx: &SourceContext) -> Result<Route, String> {
+        let methods: Vec<http::Method> = cfg.methods.iter().map(|m| m.as_http()).collect();
+        let allow = methods.iter().map(http::Method::as_str).collect::<Vec<_>>().join(", ");
+        let id_headers = cfg
+            .id_headers
+            .iter()
+            .map(|h| HeaderName::try_from(h.as_str()).map_err(|e| format!("id_headers {h:?}: {e}")))
+            .collect::<Result<_, _>>()?;
+        let header_ext = cfg
+            .header_extensions
+            .iter()
+            .map(|h| {
+                HeaderName::try_from(h.as_str())
+                    .map(|n| (n, extension_name(h)))
+                    .map_err(|e| format!("header_extensions {h:?}: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        let metadata = Bytes::from(serde_json::to_vec(&cfg.metadata).map_err(|e| e.to_string())?);
+        let name = ctx.name.clone();
+        let responses = COUNTED
+            .iter()
+            .map(|c| {
+                (
+                    *c,
+                    metrics::counter!("sluice_webhook_responses_total", "source" => name.clone(), "status" => c.to_string()),
+                )
+            })
+            .collect();
+        Ok(Route {
+            telemetry: ctx.sender.telemetry().clone(),
+            sender: ctx.sender.clone(),
+            allow: HeaderValue::from_str(&allow).map_err(|e| e.to_string())?,
+            methods,
+            max_body: cfg.max_body.bytes(),
+            body_timeout: cfg.body_timeout.get(),
+            accept_timeout: cfg.accept_timeout.get(),
+            ack_timeout: cfg.ack_timeout.get(),
+            ack: cfg.ack,
+            auth: cfg.auth.as_ref().map(Auth::new),
+            id_headers,
+            id_fallback: cfg.id_fallback,
+            format: cfg.format,
+            ty: cfg.event_type.clone().unwrap_or_else(|| "webhook".into()),
+            source: cfg.event_source.clone().unwrap_or_else(|| name.clone()),
+            subject: cfg.event_subject.clone().unwrap_or_else(|| match cfg.format {
+                Format::Cloudevents => cfg.path.clone(),
+                Format::Argo => name.clone(),
+            }),
+            header_ext,
+            allowed_origins: cfg.allowed_origins.clone(),
+            metadata,
+            responses,
+            name,
+        })
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn count(&self, r: &Resp) {
+        let code = r.status().as_u16();
+        if let Some((_, c)) = self.responses.iter().find(|(s, _)| *s == code) {
+            c.increment(1);
+        }
+    }
+}
+
+fn reply(status: StatusCode, body: impl Into<Bytes>) -> Resp {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// `{"error": "..."}` with `status`.
+fn error(status: StatusCode, msg: &str) -> Resp {
+    let body = format!("{{\"error\":{}}}", serde_json::Value::String(msg.to_owned()));
+    reply(status, body)
+}
+
+fn retry_later(msg: &str) -> Resp {
+    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, msg);
+    r.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+fn close(mut r: Resp) -> Resp {
+    r.headers_mut()
+        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+pub(crate) async fn handle(l: Arc<Listener>, req: Request<Incoming>) -> Result<Resp, Infallible> {
+    let path = req.uri().path();
+    if path == "/health" {
+        return Ok(reply(StatusCode::OK, "{\"status\":\"ok\"}"));
+    }
+    let Some(route) = l.route(path) else {
+        l.not_found.increment(1);
+        let msg = format!("no webhook at {path}");
+        return Ok(error(StatusCode::NOT_FOUND, &msg));
+    };
+    let resp = handle_route(&l, &route, req).await;
+    route.count(&resp);
+    Ok(resp)
+}
+
+async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Resp {
+    let (parts, body) = req.into_parts();
+    if parts.method == http::Method::OPTIONS {
+        return handshake(route, &parts.headers);
+    }
+    if !route.methods.contains(&parts.method) {
+        let mut r = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here; see the Allow header");
+        r.headers_mut().insert(ALLOW, route.allow.clone());
+        return r;
+    }
+    if let Some(auth) = &route.auth {
+        if let Err(reason) = auth.check(&parts.headers) {
+            route.telemetry.rejected("unauthorized", 1);
+            let mut r = error(StatusCode::UNAUTHORIZED, reason);
+            r.headers_mut().insert(WWW_AUTHENTICATE, auth.challenge.clone());
+            return r;
+        }
+    }
+    // A bounded number of requests are handled at once; past that, shed at once rather than
+    // hold memory for waiting clients.
+    let Ok(_permit) = l.in_flight.clone().try_acquire_owned() else {
+        route.telemetry.rejected("overloaded", 1);
+        return retry_later("too many requests in flight; retry later");
+    };
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > route.max_body) {
+        route.telemetry.rejected("too_large", 1);
+        return close(error(StatusCode::PAYLOAD_TOO_LARGE, "body larger than max_body"));
+    }
+    let limited = Limited::new(body, route.max_body as usize);
+    let body = match tokio::time::timeout(route.body_timeout, limited.collect()).await {
+        Err(_) => {
+            route.telemetry.rejected("body_timeout", 1);
+            return close(error(StatusCode::REQUEST_TIMEOUT, "the body did not arrive within body_timeout"));
+        }
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            route.telemetry.rejected("too_large", 1);
+            return close(error(StatusCode::PAYLOAD_TOO_LARGE, "body larger than max_body"));
+        }
+        Ok(Err(e)) => {
+            route.telemetry.rejected("bad_body", 1);
+            return close(error(StatusCode::BAD_REQUEST, &format!("could not read the body: {e}")));
+        }
+        Ok(Ok(c)) => c.to_bytes(),
+    };
+
+    let events = match route.format {
+        Format::Cloudevents => match http_binding::decode_request(&parts.headers, body.clone()) {
+            Ok(Some(events)) => Ok(events),
+            Ok(None) => plain_event(route, &parts, body).map(|e| vec![e]),
+            Err(e) => Err((StatusCode::BAD_REQUEST, format!("invalid CloudEvent: {e}"))),
+        },
+        Format::Argo => argo_event(route, &parts, body).map(|e| vec![e]),
+    };
+    let events = match events {
+        Ok(e) => e,
+        Err((status, msg)) => {
+            route.telemetry.rejected("invalid_event", 1);
+            return error(status, &msg);
+        }
+    };
+    let n = events.len();
+    if n == 0 {
+        return reply(StatusCode::OK, "{\"status\":\"delivered\",\"events\":0}");
+    }
+    let pending = match route.sender.send_timeout(events, route.accept_timeout).await {
+        Ok(p) => p,
+        Err(_) => {
+            route.telemetry.rejected("overloaded", n as u64);
+            return retry_later("the pipeline is full (downstream is slow); retry later");
+        }
+    };
+    if route.ack == AckMode::Accepted {
+        return reply(StatusCode::ACCEPTED, format!("{{\"status\":\"accepted\",\"events\":{n}}}"));
+    }
+    let outcome = match tokio::time::timeout(route.ack_timeout, pending).await {
+        Ok(o) => o,
+        Err(_) => {
+            return retry_later(
+                "not confirmed within ack_timeout; a retry with the same id is deduplicated",
+            )
+        }
+    };
+    match outcome.status {
+        Status::Delivered => reply(
+            StatusCode::OK,
+            format!(
+                "{{\"status\":\"delivered\",\"events\":{n},\"duplicates\":{}}}",
+                outcome.duplicates
+            ),
+        ),
+        Status::Failed => retry_later(&format!(
+            "not delivered: {}",
+            outcome.reason.as_deref().unwrap_or("delivery failed")
+        )),
+        Status::Rejected => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &format!("rejected: {}", outcome.reason.as_deref().unwrap_or("rejected")),
+        ),
+    }
+}
+
+/// The CloudEvents webhook validation handshake (abuse protection).
+fn handshake(route: &Route, headers: &HeaderMap) -> Resp {
+    let Some(origin) = headers.get("webhook-request-origin") else {
+        let mut r = reply(StatusCode::NO_CONTENT, Bytes::new());
+        r.headers_mut().insert(ALLOW, route.allow.clone());
+        return r;
+    };
+    let allowed = origin.to_str().is_ok_and(|o| {
+        route
+            .allowed_origins
+            .iter()
+            .any(|a| a == "*" || a.eq_ignore_ascii_case(o))
+    });
+    if !allowed {
+        return error(StatusCode::FORBIDDEN, "origin not in allowed_origins");
+    }
+    let mut r = reply(StatusCode::OK, Bytes::new());
+    r.headers_mut().insert("webhook-allowed-origin", origin.clone());
+    r.headers_mut()
+        .insert("webhook-allowed-rate", HeaderValue::from_static("*"));
+    r.headers_mut().insert(ALLOW, route.allow.clone());
+    r
+}
+
+type Reject = (StatusCode, String);
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+}
+
+fn event_id(route: &Route, headers: &HeaderMap, digest_input: &[u8]) -> String {
+    route
+        .id_headers
+        .iter()
+        .find_map(|h| header_str(headers, h))
+        .map(str::to_owned)
+        .unwrap_or_else(|| match route.id_fallback {
+            IdFallback::Uuid => uuid::Uuid::now_v7().to_string(),
+            IdFallback::BodySha256 => hex::encode(Sha256::digest(digest_input)),
+        })
+}
+
+/// `{key: [values]}` for a query string or a urlencoded form.
+fn form_json(input: &[u8]) -> Bytes {
+    let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (k, v) in form_urlencoded::parse(input) {
+        map.entry(k.into_owned()).or_default().push(v.into_owned());
+    }
+    Bytes::from(serde_json::to_vec(&map).unwrap_or_else(|_| b"{}".to_vec()))
+}
+
+fn add_extensions(route: &Route, headers: &HeaderMap, e: &mut Event) {
+    for (h, ext) in [("traceparent", "traceparent"), ("tracestate", "tracestate")] {
+        if let Some(v) = headers.get(h).and_then(|v| v.to_str().ok()) {
+            e.set_extension(ext, v);
+        }
+    }
+    for (h, ext) in &route.header_ext {
+        if let Some(v) = headers.get(h).and_then(|v| v.to_str().ok()) {
+            e.set_extension(ext.clone(), ExtValue::String(v.to_owned()));
+        }
+    }
+}
+
+/// A plain request as a CloudEvent: data is the raw body (GET: the query as JSON).
+fn plain_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Result<Event, Reject> {
+    let query = parts.uri.query().unwrap_or("").as_bytes();
+    let is_get = parts.method == http::Method::GET;
+    let id = event_id(route, &parts.headers, if is_get { query } else { &body });
+    let mut e = Event::new(id, route.source.clone(), route.ty.clone())
+        .with_subject(route.subject.clone())
+        .with_time(Timestamp::now());
+    if is_get {
+        e = e.with_data(Some("application/json".into()), Data::Json(form_json(query)));
+    } else if !body.is_empty() || parts.headers.contains_key(CONTENT_TYPE) {
+        let ct = match parts.headers.get(CONTENT_TYPE) {
+            Some(v) => {
+                let ct = v.to_str().map_err(|_| {
+                    (StatusCode::BAD_REQUEST, "Content-Type is not visible ASCII".to_owned())
+                })?;
+                check_media_type(ct).map_err(|e| (StatusCode::BAD_REQUEST, e.0))?;
+                Some(ct.to_owned())
+            }
+            None => Some("application/octet-stream".to_owned()),
+        };
+        let data = Data::from_bytes(body, ct.as_deref());
+        e = e.with_data(ct, data);
+    }
+    add_extensions(route, &parts.headers, &mut e);
+    e.validate()
+        .map_err(|err| (StatusCode::BAD_REQUEST, format!("cannot make a CloudEvent: {err}")))?;
+    Ok(e)
+}
+
+/// Go's `textproto.CanonicalMIMEHeaderKey`: `x-github-event` → `X-Github-Event`.
+fn canonical(name: &str) -> String {
+    let mut up = true;
+    name.chars()
+        .map(|c| {
+            let out = if up { c.to_ascii_uppercase() } else { c.to_ascii_lowercase() };
+            up = c == '-';
+            out
+        })
+        .collect()
+}
+
+/// Argo Events' webhook event: data `{header, body, metadata}`.
+fn argo_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Result<Event, Reject> {
+    let query = parts.uri.query().unwrap_or("").as_bytes();
+    let is_get = parts.method == http::Method::GET;
+    let id = event_id(route, &parts.headers, if is_get { query } else { &body });
+    let mut headers: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for (k, v) in &parts.headers {
+        if k == http::header::AUTHORIZATION {
+            continue; // never let the secret reach the event
+        }
+        if let Ok(v) = v.to_str() {
+            headers.entry(canonical(k.as_str())).or_default().push(v);
+        }
+    }
+    let form = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == b"application/x-www-form-urlencoded");
+    let body_json: Bytes = if is_get {
+        form_json(query)
+    } else if form {
+        form_json(&body)
+    } else if sluice_core::event::is_json(&body) {
+        body
+    } else if body.is_empty() {
+        Bytes::from_static(b"null")
+    } else {
+        // Argo refuses non-JSON bodies; we keep them, as a JSON string.
+        Bytes::from(serde_json::to_vec(&String::from_utf8_lossy(&body)).unwrap_or_default())
+    };
+    let mut data = Vec::with_capacity(body_json.len() + 256);
+    data.extend_from_slice(b"{\"header\":");
+    serde_json::to_writer(&mut data, &headers).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    data.extend_from_slice(b",\"body\":");
+    data.extend_from_slice(&body_json);
+    data.extend_from_slice(b",\"metadata\":");
+    data.extend_from_slice(&route.metadata);
+    data.push(b'}');
+    let mut e = Event::new(id, route.source.clone(), route.ty.clone())
+        .with_subject(route.subject.clone())
+        .with_time(Timestamp::now())
+        .with_json(data);
+    add_extensions(route, &parts.headers, &mut e);
+    e.validate()
+        .map_err(|err| (StatusCode::BAD_REQUEST, format!("cannot make a CloudEvent: {err}")))?;
+    Ok(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_header_names() {
+        assert_eq!(canonical("x-github-event"), "X-Github-Event");
+        assert_eq!(canonical("content-type"), "Content-Type");
+        assert_eq!(canonical("etag"), "Etag");
+    }
+
+    #[test]
+    fn extension_names_from_headers() {
+        assert_eq!(extension_name("X-Request-Id"), "xrequestid");
+    }
+
+    #[test]
+    fn query_as_json() {
+        assert_eq!(&form_json(b"a=1&a=2&b=x%20y")[..], br#"{"a":["1","2"],"b":["x y"]}"#);
+        assert_eq!(&form_json(b"")[..], b"{}");
+    }
+}

@@ -1,0 +1,190 @@
+//! Listeners: one hyper server per `listen` address, shared by the webhook sources on it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use crate::handler::{self, Route};
+use crate::tls::{Reloading, TlsConfig};
+
+/// Options that belong to a listener, not a route.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ListenerSettings {
+    pub tls: Option<TlsConfig>,
+    pub header_timeout: Duration,
+    pub max_connections: usize,
+    pub max_in_flight: usize,
+}
+
+/// All listeners of one daemon (kept in the topology's shared resources).
+#[derive(Default)]
+pub(crate) struct Listeners {
+    map: tokio::sync::Mutex<HashMap<SocketAddr, Arc<Listener>>>,
+}
+
+pub(crate) struct Listener {
+    pub addr: SocketAddr,
+    settings: ListenerSettings,
+    routes: ArcSwap<HashMap<String, Arc<Route>>>,
+    update: std::sync::Mutex<()>,
+    pub in_flight: Arc<Semaphore>,
+    done: CancellationToken,
+    pub not_found: metrics::Counter,
+}
+
+impl Listeners {
+    /// Adds `route` at `path` on the listener for `addr`, starting the listener if needed.
+    pub async fn attach(
+        &self,
+        addr: SocketAddr,
+        settings: ListenerSettings,
+        path: String,
+        route: Route,
+        shutdown: CancellationToken,
+    ) -> Result<Arc<Listener>, String> {
+        let mut map = self.map.lock().await;
+        if let Some(l) = map.get(&addr) {
+            if l.settings != settings {
+                return Err(format!(
+                    "listen {addr} is shared with another webhook source whose tls, header_timeout, \
+                     max_connections or max_in_flight differ; give them the same values or another address"
+                ));
+            }
+            l.add_route(path, route)?;
+            return Ok(l.clone());
+        }
+        let tcp = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e} (change `listen`)"))?;
+        let bound = tcp.local_addr().unwrap_or(addr);
+        let tls = match &settings.tls {
+            Some(t) => Some(Reloading::start(t.clone(), Duration::from_secs(2), shutdown.clone())?),
+            None => None,
+        };
+        let listener = Arc::new(Listener {
+            addr: bound,
+            in_flight: Arc::new(Semaphore::new(settings.max_in_flight)),
+            settings,
+            routes: ArcSwap::from_pointee(HashMap::new()),
+            update: std::sync::Mutex::new(()),
+            done: CancellationToken::new(),
+            not_found: metrics::counter!("sluice_webhook_not_found_total", "listen" => bound.to_string()),
+        });
+        listener.add_route(path, route)?;
+        tracing::info!(listen = %bound, tls = tls.is_some(), "webhook: listening");
+        tokio::spawn(serve(listener.clone(), tcp, tls, shutdown));
+        map.insert(addr, listener.clone());
+        Ok(listener)
+    }
+}
+
+impl Listener {
+    fn add_route(&self, path: String, route: Route) -> Result<(), String> {
+        let _g = self.update.lock().unwrap_or_else(|p| p.into_inner());
+        let mut routes = HashMap::clone(&self.routes.load());
+        if let Some(other) = routes.get(&path) {
+            return Err(format!(
+                "path {path} on {} is already served by webhook source `{}`",
+                self.addr,
+                other.name()
+            ));
+        }
+        routes.insert(path, Arc::new(route));
+        self.routes.store(Arc::new(routes));
+        Ok(())
+    }
+
+    /// Removes the route at `path` (dropping its pipeline sender).
+    pub fn detach(&self, path: &str) {
+        let _g = self.update.lock().unwrap_or_else(|p| p.into_inner());
+        let mut routes = HashMap::clone(&self.routes.load());
+        routes.remove(path);
+        self.routes.store(Arc::new(routes));
+    }
+
+    pub fn route(&self, path: &str) -> Option<Arc<Route>> {
+        self.routes.load().get(path).cloned()
+    }
+
+    /// Resolves once the listener stopped and every connection finished.
+    pub async fn closed(&self) {
+        self.done.cancelled().await
+    }
+}
+
+async fn serve(listener: Arc<Listener>, tcp: TcpListener, tls: Option<Reloading>, shutdown: CancellationToken) {
+    let connections = Arc::new(Semaphore::new(listener.settings.max_connections));
+    let graceful = GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(listener.settings.header_timeout)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256);
+    let builder = Arc::new(builder);
+    let handshake_timeout = listener.settings.header_timeout;
+    loop {
+        // Take a connection slot first: beyond the cap, clients wait in the kernel backlog.
+        let permit = tokio::select! {
+            p = connections.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = shutdown.cancelled() => break,
+        };
+        let (stream, _peer) = tokio::select! {
+            r = tcp.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(listen = %listener.addr, error = %e, "webhook: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let watcher = graceful.watcher();
+        let (l, b) = (listener.clone(), builder.clone());
+        let tls = tls.as_ref().map(|t| t.current.load_full());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let svc = service_fn(move |req| handler::handle(l.clone(), req));
+            match tls {
+                None => {
+                    let conn = b.serve_connection(TokioIo::new(stream), svc).into_owned();
+                    let _ = watcher.watch(conn).await;
+                }
+                Some(sc) => {
+                    let acceptor = TlsAcceptor::from(sc);
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(s)) => {
+                            let conn = b.serve_connection(TokioIo::new(s), svc).into_owned();
+                            let _ = watcher.watch(conn).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(error = %e, "webhook: TLS handshake failed"),
+                        Err(_) => tracing::debug!("webhook: TLS handshake timed out"),
+                    }
+                }
+            }
+        });
+    }
+    // Stop accepting: close the socket, then let open requests finish (idle keep-alive
+    // connections are closed at once).
+    drop(tcp);
+    graceful.shutdown().await;
+    listener.done.cancel();
+}

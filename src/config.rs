@@ -1,0 +1,826 @@
+//! YAML → typed config, with `FILE:LINE:COL: message` for every error.
+//!
+//! `yaml_serde` parses the document; a second pass with `saphyr-parser` records where every key
+//! and value sits, so a serde error (located by `serde_path_to_error`) or a semantic error can
+//! point at its line and column. Each section and each connector is deserialized on its own, so
+//! one run reports every error, not just the first.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use indexmap::IndexMap;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use sluice_core::pipeline::{Attr, Match, RouteSpec, Unrouted, WhenFull};
+use sluice_core::units::{ByteSize, Duration};
+use yaml_serde::Value;
+
+use crate::registry::{self, DynSink, DynSource, Role};
+
+/// The embedded default configuration: a webhook on 0.0.0.0:12000 → log.
+pub const DEFAULT_CONFIG: &str = include_str!("../config/default.yaml");
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pos {
+    pub line: usize,
+    pub col: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: String,
+    pub pos: Option<Pos>,
+    pub msg: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.pos {
+            Some(p) => write!(f, "{}:{}:{}: {}", self.file, p.line, p.col, self.msg),
+            None => write!(f, "{}: {}", self.file, self.msg),
+        }
+    }
+}
+
+/// Every error found in one file.
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// `admin:` — the metrics and health server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address of the admin server (`/metrics`, `/healthz`, `/readyz`). Default 127.0.0.1:7777.
+    #[serde(default = "default_admin_listen")]
+    pub listen: SocketAddr,
+    /// Set false to run without an admin server.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: default_admin_listen(),
+            enabled: true,
+        }
+    }
+}
+
+fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 7777))
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `pipeline:` — queue bounds, memory budget, dedup.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Events each sink's queue holds before `when_full` applies. Default 10000.
+    #[serde(default = "default_queue_events")]
+    pub queue_events: usize,
+    /// Bytes each sink's queue holds before `when_full` applies. Default 64MiB.
+    #[serde(default = "default_queue_bytes")]
+    pub queue_bytes: ByteSize,
+    /// Bytes all sink queues hold together. Default 256MiB.
+    #[serde(default = "default_memory_budget")]
+    pub memory_budget: ByteSize,
+    /// How long a (source, id) pair is remembered. `0s` turns dedup off. Default 10m.
+    #[serde(default = "default_dedup_window")]
+    pub dedup_window: Duration,
+    /// At most this many remembered pairs (about 100 bytes each); the oldest go first.
+    /// Default 100000.
+    #[serde(default = "default_dedup_capacity")]
+    pub dedup_capacity: usize,
+    /// What to do with an event no route takes: `ack` (default) or `reject`.
+    #[serde(default)]
+    pub unrouted: Unrouted,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            queue_events: default_queue_events(),
+            queue_bytes: default_queue_bytes(),
+            memory_budget: default_memory_budget(),
+            dedup_window: default_dedup_window(),
+            dedup_capacity: default_dedup_capacity(),
+            unrouted: Unrouted::default(),
+        }
+    }
+}
+
+fn default_queue_events() -> usize {
+    10_000
+}
+fn default_queue_bytes() -> ByteSize {
+    ByteSize::mib(64)
+}
+fn default_memory_budget() -> ByteSize {
+    ByteSize::mib(256)
+}
+fn default_dedup_window() -> Duration {
+    Duration::from_secs(600)
+}
+fn default_dedup_capacity() -> usize {
+    100_000
+}
+
+/// Options every sink takes besides its own.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkCommon {
+    /// Overrides `pipeline.queue_events` for this sink.
+    pub queue_events: Option<usize>,
+    /// Overrides `pipeline.queue_bytes` for this sink.
+    pub queue_bytes: Option<ByteSize>,
+    /// `block` (default: the pressure reaches the sources) or `drop_newest` (counted).
+    #[serde(default)]
+    pub when_full: WhenFull,
+}
+
+const SINK_COMMON_KEYS: [&str; 3] = ["queue_events", "queue_bytes", "when_full"];
+
+/// A match on one attribute: a string is an exact match, `{prefix: ...}` a prefix match.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum StrMatch {
+    Exact(String),
+    Prefix { prefix: String },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteConfig {
+    from: Vec<String>,
+    to: Vec<String>,
+    #[serde(rename = "type")]
+    ty: Option<StrMatch>,
+    source: Option<StrMatch>,
+    subject: Option<StrMatch>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Top {
+    admin: Option<Value>,
+    state_dir: Option<Value>,
+    pipeline: Option<Value>,
+    shutdown_grace: Option<Value>,
+    sources: Option<IndexMap<String, Value>>,
+    sinks: Option<IndexMap<String, Value>>,
+    routes: Option<Vec<Value>>,
+}
+
+pub struct SourceEntry {
+    pub name: String,
+    pub kind: &'static str,
+    pub config: Box<dyn DynSource>,
+}
+
+pub struct SinkEntry {
+    pub name: String,
+    pub kind: &'static str,
+    pub common: SinkCommon,
+    pub config: Box<dyn DynSink>,
+}
+
+/// A whole, checked configuration.
+pub struct Config {
+    pub file: String,
+    pub admin: AdminConfig,
+    pub state_dir: Option<PathBuf>,
+    pub pipeline: PipelineConfig,
+    /// How long a stop waits for in-flight events. Default 30s.
+    pub shutdown_grace: std::time::Duration,
+    pub sources: Vec<SourceEntry>,
+    pub sinks: Vec<SinkEntry>,
+    pub routes: Vec<RouteSpec>,
+}
+
+/// Where the config comes from: `-c FILE`, else `./sluice.yaml`, else the embedded default.
+pub fn resolve(path: Option<&Path>) -> Result<(String, String), ConfigErrors> {
+    let (name, path) = match path {
+        Some(p) => (p.display().to_string(), Some(p.to_path_buf())),
+        None if Path::new("sluice.yaml").exists() => {
+            ("sluice.yaml".to_owned(), Some(PathBuf::from("sluice.yaml")))
+        }
+        None => return Ok(("<embedded config/default.yaml>".into(), DEFAULT_CONFIG.into())),
+    };
+    let text = std::fs::read_to_string(path.as_deref().unwrap_or(Path::new(""))).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            file: name.clone(),
+            pos: None,
+            msg: format!("cannot read the config file: {e}"),
+        }])
+    })?;
+    Ok((name, text))
+}
+
+/// Positions of keys and values, by dotted path (`sources.hooks.listen`, `routes.0.to.1`).
+#[derive(Default)]
+struct Positions {
+    keys: HashMap<String, Pos>,
+    values: HashMap<String, Pos>,
+}
+
+impl Positions {
+    fn index(text: &str) -> (Positions, Vec<(Pos, String)>) {
+        use saphyr_parser::{Event, Parser};
+        enum Frame {
+            Map {
+                path: String,
+                key: Option<String>,
+                seen: HashMap<String, Pos>,
+            },
+            Seq {
+                path: String,
+                idx: usize,
+            },
+        }
+        fn join(parent: &str, seg: &str) -> String {
+            if parent.is_empty() {
+                seg.to_owned()
+            } else {
+                format!("{parent}.{seg}")
+            }
+        }
+        let mut pos = Positions::default();
+        let mut dups = Vec::new();
+        let mut stack: Vec<Frame> = Vec::new();
+        // Returns the path of the node that starts now, recording its position; None for a key.
+        let node_start = |stack: &mut Vec<Frame>,
+                              scalar: Option<&str>,
+                              at: Pos,
+                              pos: &mut Positions,
+                              dups: &mut Vec<(Pos, String)>|
+         -> Option<String> {
+            match stack.last_mut() {
+                None => Some(String::new()),
+                Some(Frame::Seq { path, idx }) => {
+                    let p = join(path, &idx.to_string());
+                    *idx += 1;
+                    pos.values.insert(p.clone(), at);
+                    Some(p)
+                }
+                Some(Frame::Map { path, key, seen }) => match key.take() {
+                    None => {
+                        let k = scalar.unwrap_or("?").to_owned();
+                        if let Some(first) = seen.get(&k) {
+                            dups.push((
+                                at,
+                                format!("duplicate key `{k}` (first at line {})", first.line),
+                            ));
+                        }
+                        seen.insert(k.clone(), at);
+                        pos.keys.insert(join(path, &k), at);
+                        *key = Some(k);
+                        None
+                    }
+                    Some(k) => {
+                        let p = join(path, &k);
+                        pos.values.insert(p.clone(), at);
+                        Some(p)
+                    }
+                },
+            }
+        };
+        for item in Parser::new_from_str(text) {
+            let Ok((ev, span)) = item else { break };
+            let at = Pos {
+                line: span.start.line(),
+                col: span.start.col() + 1,
+            };
+            match ev {
+                Event::Scalar(s, ..) => {
+                    node_start(&mut stack, Some(&s), at, &mut pos, &mut dups);
+                }
+                Event::Alias(_) => {
+                    node_start(&mut stack, None, at, &mut pos, &mut dups);
+                }
+                Event::MappingStart(..) => {
+                    let path = node_start(&mut stack, None, at, &mut pos, &mut dups)
+                        .unwrap_or_default();
+                    stack.push(Frame::Map {
+                        path,
+                        key: None,
+                        seen: HashMap::new(),
+                    });
+                }
+                Event::SequenceStart(..) => {
+                    let path = node_start(&mut stack, None, at, &mut pos, &mut dups)
+                        .unwrap_or_default();
+                    stack.push(Frame::Seq { path, idx: 0 });
+                }
+                Event::MappingEnd | Event::SequenceEnd => {
+                    stack.pop();
+                }
+                _ => {}
+            }
+        }
+        (pos, dups)
+    }
+
+    /// The best position for an error at `path`: the key for unknown keys, the value otherwise,
+    /// falling back to the nearest parent.
+    fn find(&self, path: &[String], prefer_key: bool) -> Option<Pos> {
+        let mut segs = path.to_vec();
+        loop {
+            let p = segs.join(".");
+            let hit = if prefer_key {
+                self.keys.get(&p).or_else(|| self.values.get(&p))
+            } else {
+                self.values.get(&p).or_else(|| self.keys.get(&p))
+            };
+            if hit.is_some() || segs.is_empty() {
+                return hit.copied();
+            }
+            segs.pop();
+        }
+    }
+}
+
+/// Collects located errors while a file is parsed.
+pub(crate) struct Ctx<'a> {
+    file: &'a str,
+    pos: Positions,
+    errors: Vec<ConfigError>,
+}
+
+impl Ctx<'_> {
+    fn err(&mut self, path: &[String], prefer_key: bool, msg: impl Into<String>) {
+        let pos = self.pos.find(path, prefer_key);
+        self.errors.push(ConfigError {
+            file: self.file.to_owned(),
+            pos,
+            msg: msg.into(),
+        });
+    }
+
+    /// Deserializes `value` (found at `base`) into `T`, recording a located error on failure.
+    pub(crate) fn de<T: DeserializeOwned>(&mut self, value: Value, base: &[String]) -> Option<T> {
+        match serde_path_to_error::deserialize::<_, T>(value) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                let mut path = base.to_vec();
+                for seg in e.path().iter() {
+                    use serde_path_to_error::Segment;
+                    match seg {
+                        Segment::Map { key } => path.push(key.clone()),
+                        Segment::Seq { index } => path.push(index.to_string()),
+                        Segment::Enum { variant } => path.push(variant.clone()),
+                        Segment::Unknown => {}
+                    }
+                }
+                let msg = e.inner().to_string();
+                let unknown = msg.starts_with("unknown field");
+                let msg = with_hint(strip_location(&msg));
+                let shown = if path.is_empty() {
+                    msg
+                } else {
+                    format!("{}: {msg}", path.join("."))
+                };
+                self.err(&path, unknown, shown);
+                None
+            }
+        }
+    }
+}
+
+/// yaml_serde appends "at line N column M" where it knows; we print our own location.
+fn strip_location(msg: &str) -> &str {
+    match msg.find(" at line ") {
+        Some(i) => &msg[..i],
+        None => msg,
+    }
+}
+
+/// Adds "did you mean `x`?" to serde's "unknown field/variant `y`, expected ..." messages.
+fn with_hint(msg: &str) -> String {
+    let (Some(start), Some(exp)) = (msg.find('`'), msg.find("expected")) else {
+        return msg.to_owned();
+    };
+    if !(msg.starts_with("unknown field") || msg.starts_with("unknown variant")) {
+        return msg.to_owned();
+    }
+    let bad = msg[start + 1..].split('`').next().unwrap_or("");
+    let candidates: Vec<&str> = msg[exp..].split('`').skip(1).step_by(2).collect();
+    match suggest(bad, candidates.iter().copied()) {
+        Some(s) => format!("{msg} (did you mean `{s}`?)"),
+        None => msg.to_owned(),
+    }
+}
+
+/// The closest candidate to `bad`, if one is close enough to be a likely misspelling.
+pub fn suggest<'a>(bad: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .map(|c| (strsim::jaro_winkler(bad, c), c))
+        .filter(|(score, _)| *score > 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, c)| c)
+}
+
+/// Replaces `${VAR}`, `${VAR:-default}` and `${file:PATH}` in every string; `$${` is a
+/// literal `${`.
+fn substitute_all(value: &mut Value, path: &mut Vec<String>, errors: &mut Vec<(Vec<String>, String)>) {
+    match value {
+        Value::String(s) if s.contains('$') => match substitute(s) {
+            Ok(new) => *s = new,
+            Err(e) => errors.push((path.clone(), e)),
+        },
+        Value::Sequence(seq) => {
+            for (i, v) in seq.iter_mut().enumerate() {
+                path.push(i.to_string());
+                substitute_all(v, path, errors);
+                path.pop();
+            }
+        }
+        Value::Mapping(map) => {
+            for (k, v) in map.iter_mut() {
+                path.push(k.as_str().unwrap_or("?").to_owned());
+                substitute_all(v, path, errors);
+                path.pop();
+            }
+        }
+        Value::Tagged(t) => substitute_all(&mut t.value, path, errors),
+        _ => {}
+    }
+}
+
+pub fn substitute(s: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix("${") {
+            out.push_str("${");
+            rest = tail;
+        } else if let Some(body) = after.strip_prefix('{') {
+            let end = body
+                .find('}')
+                .ok_or_else(|| format!("unterminated `${{` in {s:?}"))?;
+            out.push_str(&resolve_token(&body[..end])?);
+            rest = &body[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn resolve_token(token: &str) -> Result<String, String> {
+    if let Some(path) = token.strip_prefix("file:") {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read secret file {path:?}: {e}"))?;
+        return Ok(text.strip_suffix('\n').map_or(text.as_str(), |t| t.strip_suffix('\r').unwrap_or(t)).to_owned());
+    }
+    let (name, default) = match token.split_once(":-") {
+        Some((n, d)) => (n, Some(d)),
+        None => (token, None),
+    };
+    match (std::env::var(name), default) {
+        (Ok(v), _) => Ok(v),
+        (Err(_), Some(d)) => Ok(d.to_owned()),
+        (Err(_), None) => Err(format!(
+            "environment variable {name} is not set (set it, or write ${{{name}:-default}})"
+        )),
+    }
+}
+
+fn seg(s: &str) -> String {
+    s.to_owned()
+}
+
+/// Parses and checks a config. Touches nothing outside the process but `${file:...}` secrets.
+pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
+    let one = |pos: Option<Pos>, msg: String| {
+        ConfigErrors(vec![ConfigError {
+            file: file.to_owned(),
+            pos,
+            msg,
+        }])
+    };
+    let mut root: Value = match yaml_serde::from_str(text) {
+        Ok(Value::Null) => Value::Mapping(Default::default()),
+        Ok(v) => v,
+        Err(e) => {
+            let pos = e.location().map(|l| Pos {
+                line: l.line(),
+                col: l.column(),
+            });
+            return Err(one(pos, format!("invalid YAML: {}", strip_location(&e.to_string()))));
+        }
+    };
+    let (pos, dups) = Positions::index(text);
+    let mut cx = Ctx {
+        file,
+        pos,
+        errors: dups
+            .into_iter()
+            .map(|(p, msg)| ConfigError {
+                file: file.to_owned(),
+                pos: Some(p),
+                msg,
+            })
+            .collect(),
+    };
+    let mut sub_errors = Vec::new();
+    substitute_all(&mut root, &mut Vec::new(), &mut sub_errors);
+    for (path, msg) in sub_errors {
+        let shown = format!("{}: {msg}", path.join("."));
+        cx.err(&path, false, shown);
+    }
+    let Some(top) = cx.de::<Top>(root, &[]) else {
+        return Err(ConfigErrors(cx.errors));
+    };
+
+    let admin = match top.admin {
+        Some(v) => cx.de(v, &[seg("admin")]).unwrap_or_default(),
+        None => AdminConfig::default(),
+    };
+    let pipeline = match top.pipeline {
+        Some(v) => cx.de(v, &[seg("pipeline")]).unwrap_or_default(),
+        None => PipelineConfig::default(),
+    };
+    let state_dir = top
+        .state_dir
+        .and_then(|v| cx.de::<PathBuf>(v, &[seg("state_dir")]));
+    let shutdown_grace = top
+        .shutdown_grace
+        .and_then(|v| cx.de::<Duration>(v, &[seg("shutdown_grace")]))
+        .map_or(std::time::Duration::from_secs(30), Duration::get);
+
+    let kinds = registry::kinds();
+    let mut sources = Vec::new();
+    let mut sinks = Vec::new();
+    let mut names: HashMap<String, &'static str> = HashMap::new();
+    for (role, section, map) in [
+        (Role::Source, "sources", top.sources.unwrap_or_default()),
+        (Role::Sink, "sinks", top.sinks.unwrap_or_default()),
+    ] {
+        for (name, value) in map {
+            let base = vec![seg(section), name.clone()];
+            if let Some(other) = names.insert(name.clone(), section) {
+                cx.err(
+                    &base,
+                    true,
+                    format!("{section}.{name}: the name `{name}` is already used in {other}; names must be unique"),
+                );
+            }
+            if let Err(msg) = check_name(&name) {
+                cx.err(&base, true, format!("{section}.{name}: {msg}"));
+            }
+            let Value::Mapping(mut map) = value else {
+                cx.err(&base, false, format!("{section}.{name}: expected a mapping with a `kind`"));
+                continue;
+            };
+            let kind = match map.remove("kind") {
+                Some(Value::String(k)) => k,
+                Some(_) => {
+                    cx.err(&[base.clone(), vec![seg("kind")]].concat(), false, format!("{section}.{name}.kind: must be a string"));
+                    continue;
+                }
+                None => {
+                    let known: Vec<&str> = kinds.iter().filter(|k| k.role == role).map(|k| k.name).collect();
+                    cx.err(&base, true, format!("{section}.{name}: missing `kind` (one of: {})", known.join(", ")));
+                    continue;
+                }
+            };
+            let Some(entry) = kinds.iter().find(|k| k.role == role && k.name == kind) else {
+                let known: Vec<&str> = kinds.iter().filter(|k| k.role == role).map(|k| k.name).collect();
+                let hint = suggest(&kind, known.iter().copied())
+                    .map(|s| format!(" (did you mean `{s}`?)"))
+                    .unwrap_or_default();
+                let other_role = kinds.iter().any(|k| k.role != role && k.name == kind);
+                let extra = if other_role {
+                    format!("; `{kind}` is a {} kind, not a {}", role.other(), role)
+                } else {
+                    String::new()
+                };
+                cx.err(
+                    &[base.clone(), vec![seg("kind")]].concat(),
+                    false,
+                    format!("{section}.{name}.kind: unknown {role} kind `{kind}`{hint}{extra}; compiled kinds: {}", known.join(", ")),
+                );
+                continue;
+            };
+            match role {
+                Role::Source => {
+                    let Some(cfg) = (entry.parse_source)(Value::Mapping(map), &base, &mut cx) else { continue };
+                    if let Err(msg) = cfg.validate(&name) {
+                        cx.err(&base, true, format!("{section}.{name}: {msg}"));
+                    }
+                    sources.push(SourceEntry { name, kind: entry.name, config: cfg });
+                }
+                Role::Sink => {
+                    let mut common = Value::Mapping(Default::default());
+                    for key in SINK_COMMON_KEYS {
+                        if let (Some(v), Value::Mapping(c)) = (map.remove(key), &mut common) {
+                            c.insert(Value::String(key.into()), v);
+                        }
+                    }
+                    let common: SinkCommon = cx.de(common, &base).unwrap_or_default();
+                    let Some(cfg) = (entry.parse_sink)(Value::Mapping(map), &base, &mut cx) else { continue };
+                    if let Err(msg) = cfg.validate(&name) {
+                        cx.err(&base, true, format!("{section}.{name}: {msg}"));
+                    }
+                    sinks.push(SinkEntry { name, kind: entry.name, common, config: cfg });
+                }
+            }
+        }
+    }
+
+    let mut routes = Vec::new();
+    for (i, value) in top.routes.unwrap_or_default().into_iter().enumerate() {
+        let base = vec![seg("routes"), i.to_string()];
+        let Some(r) = cx.de::<RouteConfig>(value, &base) else { continue };
+        let mut resolve = |list: &[String], field: &str, names: Vec<&str>| -> Vec<usize> {
+            let mut out = Vec::new();
+            if list.is_empty() {
+                cx.err(&[base.clone(), vec![seg(field)]].concat(), false, format!("routes.{i}.{field}: must name at least one"));
+            }
+            for (j, n) in list.iter().enumerate() {
+                match names.iter().position(|x| x == n) {
+                    Some(idx) => out.push(idx),
+                    None => {
+                        let what = if field == "from" { "source" } else { "sink" };
+                        let hint = suggest(n, names.iter().copied())
+                            .map(|s| format!(" (did you mean `{s}`?)"))
+                            .unwrap_or_default();
+                        cx.err(
+                            &[base.clone(), vec![seg(field), j.to_string()]].concat(),
+                            false,
+                            format!("routes.{i}.{field}: no {what} named `{n}`{hint}"),
+                        );
+                    }
+                }
+            }
+            out
+        };
+        let from = resolve(&r.from, "from", sources.iter().map(|s| s.name.as_str()).collect());
+        let to = resolve(&r.to, "to", sinks.iter().map(|s| s.name.as_str()).collect());
+        let mut matches = Vec::new();
+        for (attr, m) in [(Attr::Type, r.ty), (Attr::Source, r.source), (Attr::Subject, r.subject)] {
+            match m {
+                Some(StrMatch::Exact(v)) => matches.push(Match::Exact(attr, v)),
+                Some(StrMatch::Prefix { prefix }) => matches.push(Match::Prefix(attr, prefix)),
+                None => {}
+            }
+        }
+        routes.push(RouteSpec { from, to, matches });
+    }
+
+    if pipeline.queue_events == 0 {
+        cx.err(&[seg("pipeline"), seg("queue_events")], false, "pipeline.queue_events: must be at least 1");
+    }
+    if pipeline.queue_bytes.bytes() == 0 || pipeline.memory_budget.bytes() == 0 {
+        cx.err(&[seg("pipeline")], false, "pipeline: queue_bytes and memory_budget must be above 0");
+    }
+
+    if !cx.errors.is_empty() {
+        let mut errs = cx.errors;
+        errs.sort_by_key(|e| e.pos.map(|p| (p.line, p.col)));
+        let mut seen = HashSet::new();
+        errs.retain(|e| seen.insert(e.to_string()));
+        return Err(ConfigErrors(errs));
+    }
+    Ok(Config {
+        file: file.to_owned(),
+        admin,
+        state_dir,
+        pipeline,
+        shutdown_grace,
+        sources,
+        sinks,
+        routes,
+    })
+}
+
+/// Names become metric labels and log fields: keep them simple.
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(format!(
+            "the name `{name}` may only use letters, digits, `-`, `_` and `.`"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(text: &str) -> Vec<String> {
+        match parse("t.yaml", text) {
+            Ok(_) => vec![],
+            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn default_config_is_valid() {
+        let c = parse("default", DEFAULT_CONFIG).unwrap();
+        assert_eq!(c.sources.len(), 1);
+        assert_eq!(c.sinks.len(), 1);
+        assert_eq!(c.admin.listen.port(), 7777);
+    }
+
+    #[test]
+    fn unknown_top_level_key_with_hint() {
+        let e = errors("piepline: {}\n");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].starts_with("t.yaml:1:1: "), "{}", e[0]);
+        assert!(e[0].contains("did you mean `pipeline`?"), "{}", e[0]);
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_position() {
+        let text = "\
+pipeline:
+  queue_events: many
+sinks:
+  console: { kind: lgo }
+  other: { kind: log, when_full: wait }
+routes:
+  - { from: [nope], to: [consle] }
+";
+        let e = errors(text);
+        assert!(e.iter().any(|m| m.starts_with("t.yaml:2:17: pipeline.queue_events: invalid type")), "{e:#?}");
+        assert!(e.iter().any(|m| m.starts_with("t.yaml:4:20:") && m.contains("unknown sink kind `lgo` (did you mean `log`?)")), "{e:#?}");
+        assert!(e.iter().any(|m| m.starts_with("t.yaml:5:34:") && m.contains("unknown variant `wait`")), "{e:#?}");
+        assert!(e.iter().any(|m| m.starts_with("t.yaml:7:13:") && m.contains("no source named `nope`")), "{e:#?}");
+        assert!(e.iter().any(|m| m.starts_with("t.yaml:7:27:") && m.contains("no sink named `consle` (did you mean `console`?)")), "{e:#?}");
+    }
+
+    #[test]
+    fn duplicate_keys_and_names() {
+        let text = "sinks:\n  a: { kind: log }\n  a: { kind: null }\n";
+        let e = errors(text);
+        assert!(e.iter().any(|m| m.starts_with("t.yaml:3:3: duplicate key `a` (first at line 2)")), "{e:#?}");
+        let text = "sources:\n  x: { kind: webhook }\nsinks:\n  x: { kind: log }\n";
+        let e = errors(text);
+        assert!(e.iter().any(|m| m.contains("already used in sources")), "{e:#?}");
+    }
+
+    #[test]
+    fn syntax_errors_have_positions() {
+        let e = errors("sinks:\n  a: [unclosed\n");
+        assert_eq!(e.len(), 1);
+        assert!(e[0].starts_with("t.yaml:"), "{}", e[0]);
+        assert!(e[0].contains("invalid YAML"), "{}", e[0]);
+    }
+
+    #[test]
+    fn env_and_file_substitution() {
+        std::env::set_var("SLUICE_TEST_QB", "32MiB");
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("s");
+        std::fs::write(&secret, "hunter2\n").unwrap();
+        assert_eq!(substitute("a${SLUICE_TEST_QB}b").unwrap(), "a32MiBb");
+        assert_eq!(substitute("${SLUICE_TEST_NOPE:-dflt}").unwrap(), "dflt");
+        assert_eq!(substitute("$${NOT}").unwrap(), "${NOT}");
+        assert_eq!(substitute(&format!("${{file:{}}}", secret.display())).unwrap(), "hunter2");
+        let c = parse("t", "pipeline: { queue_bytes: \"${SLUICE_TEST_QB}\" }\n").unwrap();
+        assert_eq!(c.pipeline.queue_bytes.bytes(), 32 << 20);
+        let e = errors("state_dir: ${SLUICE_TEST_UNSET_VAR}\n");
+        assert!(e[0].starts_with("t.yaml:1:12: state_dir: environment variable SLUICE_TEST_UNSET_VAR is not set"), "{e:?}");
+    }
+
+    #[test]
+    fn routes_with_matchers() {
+        let text = "\
+sources: { a: { kind: webhook, listen: 127.0.0.1:0 } }
+sinks: { b: { kind: log } }
+routes:
+  - { from: [a], to: [b], type: { prefix: com.example. }, subject: orders }
+";
+        let c = parse("t", text).unwrap();
+        assert_eq!(c.routes[0].matches.len(), 2);
+    }
+}

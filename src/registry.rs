@@ -1,0 +1,119 @@
+//! THE list of connector kinds. This is the one place where the daemon names connectors.
+
+use std::fmt;
+
+use sluice_core::{BoxFuture, ConnectorError, Running, SinkConfig, SinkContext, SourceConfig, SourceContext};
+use yaml_serde::Value;
+
+use crate::config::Ctx;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Source,
+    Sink,
+}
+
+impl Role {
+    pub fn other(self) -> Role {
+        match self {
+            Role::Source => Role::Sink,
+            Role::Sink => Role::Source,
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Source => "source",
+            Role::Sink => "sink",
+        })
+    }
+}
+
+/// A parsed source config with its type erased.
+pub trait DynSource: Send {
+    fn validate(&self, name: &str) -> Result<(), String>;
+    fn build(self: Box<Self>, ctx: SourceContext) -> BoxFuture<'static, Result<Running, ConnectorError>>;
+}
+
+impl<T: SourceConfig> DynSource for T {
+    fn validate(&self, name: &str) -> Result<(), String> {
+        SourceConfig::validate(self, name)
+    }
+    fn build(self: Box<Self>, ctx: SourceContext) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+        SourceConfig::build(self, ctx)
+    }
+}
+
+/// A parsed sink config with its type erased.
+pub trait DynSink: Send {
+    fn validate(&self, name: &str) -> Result<(), String>;
+    fn build(self: Box<Self>, ctx: SinkContext) -> BoxFuture<'static, Result<Running, ConnectorError>>;
+}
+
+impl<T: SinkConfig> DynSink for T {
+    fn validate(&self, name: &str) -> Result<(), String> {
+        SinkConfig::validate(self, name)
+    }
+    fn build(self: Box<Self>, ctx: SinkContext) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+        SinkConfig::build(self, ctx)
+    }
+}
+
+type ParseSource = fn(Value, &[String], &mut Ctx<'_>) -> Option<Box<dyn DynSource>>;
+type ParseSink = fn(Value, &[String], &mut Ctx<'_>) -> Option<Box<dyn DynSink>>;
+
+pub struct Kind {
+    pub name: &'static str,
+    pub role: Role,
+    pub description: &'static str,
+    pub(crate) parse_source: ParseSource,
+    pub(crate) parse_sink: ParseSink,
+}
+
+fn no_source(_: Value, _: &[String], _: &mut Ctx<'_>) -> Option<Box<dyn DynSource>> {
+    None
+}
+
+fn no_sink(_: Value, _: &[String], _: &mut Ctx<'_>) -> Option<Box<dyn DynSink>> {
+    None
+}
+
+fn parse_source<T: SourceConfig>(v: Value, base: &[String], cx: &mut Ctx<'_>) -> Option<Box<dyn DynSource>> {
+    cx.de::<T>(v, base).map(|c| Box::new(c) as Box<dyn DynSource>)
+}
+
+fn parse_sink<T: SinkConfig>(v: Value, base: &[String], cx: &mut Ctx<'_>) -> Option<Box<dyn DynSink>> {
+    cx.de::<T>(v, base).map(|c| Box::new(c) as Box<dyn DynSink>)
+}
+
+#[allow(dead_code)]
+fn source<T: SourceConfig>(name: &'static str, description: &'static str) -> Kind {
+    Kind { name, role: Role::Source, description, parse_source: parse_source::<T>, parse_sink: no_sink }
+}
+
+#[allow(dead_code)]
+fn sink<T: SinkConfig>(name: &'static str, description: &'static str) -> Kind {
+    Kind { name, role: Role::Sink, description, parse_source: no_source, parse_sink: parse_sink::<T> }
+}
+
+/// Every connector kind compiled into this binary.
+pub fn kinds() -> Vec<Kind> {
+    vec![
+        #[cfg(feature = "webhook")]
+        source::<sluice_webhook::WebhookConfig>(
+            "webhook",
+            "HTTP ingress: plain requests and CloudEvents (binary, structured, batched), auth, TLS, honest acks",
+        ),
+        #[cfg(feature = "schedule")]
+        source::<sluice_schedule::ScheduleConfig>(
+            "schedule",
+            "cron and interval ticks with time zones, exclusion dates, catch-up, slot-derived ids",
+        ),
+        #[cfg(feature = "console")]
+        sink::<sluice_console::LogConfig>("log", "one structured JSON CloudEvent per line on stdout"),
+        #[cfg(feature = "console")]
+        sink::<sluice_console::NullConfig>("null", "accepts and discards every event (benchmarks)"),
+    ]
+}

@@ -1,0 +1,164 @@
+//! Builds sources, pipeline and sinks from a config; starts them; drains and stops them.
+//!
+//! Stop order: sources stop taking input and finish what they accepted (answering each sender);
+//! once the last source is gone the sink queues close; sinks deliver what is queued and return.
+//! All of it within `shutdown_grace`; whatever is still unsettled then is reported as failed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use sluice_core::pipeline::{self, DedupConfig, PipelineSpec, SinkSpec};
+use sluice_core::state::StateStore;
+use sluice_core::{Running, Shared, SinkContext, SourceContext};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::{self, Readiness};
+use crate::config::Config;
+use crate::state::RedbStore;
+
+fn supervise(what: String, running: Running, up: Arc<AtomicBool>) -> JoinHandle<()> {
+    metrics::gauge!(sluice_core::telemetry::COMPONENT_UP, "component" => what.clone()).set(1.0);
+    tokio::spawn(async move {
+        match running.await {
+            Ok(()) => tracing::info!(component = %what, "stopped"),
+            Err(e) => tracing::error!(component = %what, error = %e, "stopped with an error; /readyz now reports it"),
+        }
+        up.store(false, Ordering::Relaxed);
+        metrics::gauge!(sluice_core::telemetry::COMPONENT_UP, "component" => what).set(0.0);
+    })
+}
+
+/// Runs `config` until `stop` resolves, then drains. Errors are for the operator (exit 1).
+pub async fn run(
+    config: Config,
+    metrics: PrometheusHandle,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
+    let ready = Arc::new(Readiness::default());
+    let admin_stop = CancellationToken::new();
+    if config.admin.enabled {
+        let serve = admin::bind(config.admin.listen, metrics, ready.clone(), admin_stop.clone()).await?;
+        tokio::spawn(serve);
+        tracing::info!(listen = %config.admin.listen, "admin server: /metrics /healthz /readyz");
+    }
+
+    let store: Option<Arc<dyn StateStore>> = match &config.state_dir {
+        Some(dir) => Some(Arc::new(RedbStore::open(dir)?) as Arc<dyn StateStore>),
+        None => None,
+    };
+    let p = &config.pipeline;
+    let spec = PipelineSpec {
+        sources: config.sources.iter().map(|s| s.name.clone()).collect(),
+        sinks: config
+            .sinks
+            .iter()
+            .map(|s| SinkSpec {
+                name: s.name.clone(),
+                queue_events: s.common.queue_events.unwrap_or(p.queue_events),
+                queue_bytes: s.common.queue_bytes.unwrap_or(p.queue_bytes).bytes(),
+                when_full: s.common.when_full,
+            })
+            .collect(),
+        routes: config.routes.clone(),
+        dedup: Some(DedupConfig {
+            window: p.dedup_window.get(),
+            capacity: p.dedup_capacity,
+        }),
+        dedup_persistent: store.is_some(),
+        memory_budget: p.memory_budget.bytes(),
+        unrouted: p.unrouted,
+    };
+    if config.routes.is_empty() && !config.sources.is_empty() {
+        tracing::warn!("no routes: every event will be counted as unrouted and go nowhere");
+    }
+    let built = pipeline::build(&spec);
+
+    let dedup_stop = CancellationToken::new();
+    let mut dedup_task = None;
+    if let (Some(dedup), Some(store)) = (&built.dedup, &store) {
+        let (d, s) = (dedup.clone(), store.clone());
+        let loaded = tokio::task::spawn_blocking(move || d.load(&*s))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("state_dir: cannot load the dedup window: {e}"))?;
+        tracing::info!(entries = loaded, "dedup window restored from state_dir");
+        dedup_task = Some(tokio::spawn(dedup.clone().persist_until(store.clone(), dedup_stop.clone())));
+    }
+
+    let shared = Shared::default();
+    let source_stop = CancellationToken::new();
+    let sink_stop = CancellationToken::new();
+    let mut sink_tasks = Vec::new();
+    for (entry, input) in config.sinks.into_iter().zip(built.inputs) {
+        let what = format!("sink {}", entry.name);
+        let up = ready.register(what.clone());
+        let ctx = SinkContext {
+            name: entry.name.clone(),
+            input,
+            shutdown: sink_stop.clone(),
+            state: store.clone(),
+            shared: shared.clone(),
+        };
+        let running = entry
+            .config
+            .build(ctx)
+            .await
+            .map_err(|e| format!("sink {} (kind {}): {e}", entry.name, entry.kind))?;
+        up.store(true, Ordering::Relaxed);
+        sink_tasks.push(supervise(what, running, up));
+    }
+    let mut source_tasks = Vec::new();
+    for (entry, sender) in config.sources.into_iter().zip(built.senders) {
+        let what = format!("source {}", entry.name);
+        let up = ready.register(what.clone());
+        let ctx = SourceContext {
+            name: entry.name.clone(),
+            shutdown: source_stop.clone(),
+            sender,
+            state: store.clone(),
+            shared: shared.clone(),
+        };
+        let running = entry
+            .config
+            .build(ctx)
+            .await
+            .map_err(|e| format!("source {} (kind {}): {e}", entry.name, entry.kind))?;
+        up.store(true, Ordering::Relaxed);
+        source_tasks.push(supervise(what, running, up));
+    }
+    tracing::info!(file = %config.file, "sluice is running");
+
+    stop.await;
+    let grace = config.shutdown_grace;
+    tracing::info!(grace = ?grace, "stopping: no new input; draining accepted events");
+    let deadline = tokio::time::Instant::now() + grace;
+    source_stop.cancel();
+    for t in source_tasks {
+        if tokio::time::timeout_at(deadline, t).await.is_err() {
+            tracing::warn!("a source did not finish within shutdown_grace");
+        }
+    }
+    drop(shared);
+    for t in &mut sink_tasks {
+        if tokio::time::timeout_at(deadline, &mut *t).await.is_err() {
+            break;
+        }
+    }
+    // Grace is over: sinks stop waiting on slow peers; unsettled events count as failed.
+    sink_stop.cancel();
+    for t in sink_tasks {
+        if tokio::time::timeout(Duration::from_secs(2), t).await.is_err() {
+            tracing::warn!("a sink did not stop after the grace period");
+        }
+    }
+    dedup_stop.cancel();
+    if let Some(t) = dedup_task {
+        let _ = t.await;
+    }
+    admin_stop.cancel();
+    tracing::info!("stopped");
+    Ok(())
+}
