@@ -432,11 +432,16 @@ fn with_hint(msg: &str) -> String {
 
 /// The closest candidate to `bad`, if one is close enough to be a likely misspelling.
 pub fn suggest<'a>(bad: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    // Close by edit distance (a typo or a swapped pair), or sharing a long prefix.
     candidates
-        .map(|c| (strsim::jaro_winkler(bad, c), c))
-        .filter(|(score, _)| *score > 0.8)
-        .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, c)| c)
+        .map(|c| {
+            let edits = strsim::damerau_levenshtein(bad, c);
+            let ok = edits <= (bad.len().max(c.len()) / 3).max(1) || strsim::jaro_winkler(bad, c) > 0.9;
+            (edits, c, ok)
+        })
+        .filter(|(_, _, ok)| *ok)
+        .min_by_key(|(edits, _, _)| *edits)
+        .map(|(_, c, _)| c)
 }
 
 /// Replaces `${VAR}`, `${VAR:-default}` and `${file:PATH}` in every string; `$${` is a
@@ -522,6 +527,15 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             msg,
         }])
     };
+    let (pos, dups) = Positions::index(text);
+    if !dups.is_empty() {
+        // yaml_serde refuses duplicate keys too, but our index knows where the second one is.
+        return Err(ConfigErrors(
+            dups.into_iter()
+                .map(|(p, msg)| ConfigError { file: file.to_owned(), pos: Some(p), msg })
+                .collect(),
+        ));
+    }
     let mut root: Value = match yaml_serde::from_str(text) {
         Ok(Value::Null) => Value::Mapping(Default::default()),
         Ok(v) => v,
@@ -533,18 +547,10 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             return Err(one(pos, format!("invalid YAML: {}", strip_location(&e.to_string()))));
         }
     };
-    let (pos, dups) = Positions::index(text);
     let mut cx = Ctx {
         file,
         pos,
-        errors: dups
-            .into_iter()
-            .map(|(p, msg)| ConfigError {
-                file: file.to_owned(),
-                pos: Some(p),
-                msg,
-            })
-            .collect(),
+        errors: Vec::new(),
     };
     let mut sub_errors = Vec::new();
     substitute_all(&mut root, &mut Vec::new(), &mut sub_errors);
@@ -576,12 +582,16 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     let mut sources = Vec::new();
     let mut sinks = Vec::new();
     let mut names: HashMap<String, &'static str> = HashMap::new();
+    // Declared names, parsed or not: a route to a sink whose own config is wrong is not a
+    // second error.
+    let mut declared: HashMap<&'static str, Vec<String>> = HashMap::new();
     for (role, section, map) in [
         (Role::Source, "sources", top.sources.unwrap_or_default()),
         (Role::Sink, "sinks", top.sinks.unwrap_or_default()),
     ] {
         for (name, value) in map {
             let base = vec![seg(section), name.clone()];
+            declared.entry(section).or_default().push(name.clone());
             if let Some(other) = names.insert(name.clone(), section) {
                 cx.err(
                     &base,
@@ -656,7 +666,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     for (i, value) in top.routes.unwrap_or_default().into_iter().enumerate() {
         let base = vec![seg("routes"), i.to_string()];
         let Some(r) = cx.de::<RouteConfig>(value, &base) else { continue };
-        let mut resolve = |list: &[String], field: &str, names: Vec<&str>| -> Vec<usize> {
+        let mut resolve = |list: &[String], field: &str, names: Vec<&str>, all: &[String]| -> Vec<usize> {
             let mut out = Vec::new();
             if list.is_empty() {
                 cx.err(&[base.clone(), vec![seg(field)]].concat(), false, format!("routes.{i}.{field}: must name at least one"));
@@ -664,9 +674,10 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             for (j, n) in list.iter().enumerate() {
                 match names.iter().position(|x| x == n) {
                     Some(idx) => out.push(idx),
+                    None if all.contains(n) => {}
                     None => {
                         let what = if field == "from" { "source" } else { "sink" };
-                        let hint = suggest(n, names.iter().copied())
+                        let hint = suggest(n, all.iter().map(String::as_str))
                             .map(|s| format!(" (did you mean `{s}`?)"))
                             .unwrap_or_default();
                         cx.err(
@@ -679,8 +690,19 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             }
             out
         };
-        let from = resolve(&r.from, "from", sources.iter().map(|s| s.name.as_str()).collect());
-        let to = resolve(&r.to, "to", sinks.iter().map(|s| s.name.as_str()).collect());
+        let no_names = Vec::new();
+        let from = resolve(
+            &r.from,
+            "from",
+            sources.iter().map(|s| s.name.as_str()).collect(),
+            declared.get("sources").unwrap_or(&no_names),
+        );
+        let to = resolve(
+            &r.to,
+            "to",
+            sinks.iter().map(|s| s.name.as_str()).collect(),
+            declared.get("sinks").unwrap_or(&no_names),
+        );
         let mut matches = Vec::new();
         for (attr, m) in [(Attr::Type, r.ty), (Attr::Source, r.source), (Attr::Subject, r.subject)] {
             match m {
@@ -774,8 +796,8 @@ routes:
         assert!(e.iter().any(|m| m.starts_with("t.yaml:2:17: pipeline.queue_events: invalid type")), "{e:#?}");
         assert!(e.iter().any(|m| m.starts_with("t.yaml:4:20:") && m.contains("unknown sink kind `lgo` (did you mean `log`?)")), "{e:#?}");
         assert!(e.iter().any(|m| m.starts_with("t.yaml:5:34:") && m.contains("unknown variant `wait`")), "{e:#?}");
-        assert!(e.iter().any(|m| m.starts_with("t.yaml:7:13:") && m.contains("no source named `nope`")), "{e:#?}");
-        assert!(e.iter().any(|m| m.starts_with("t.yaml:7:27:") && m.contains("no sink named `consle` (did you mean `console`?)")), "{e:#?}");
+        assert!(e.iter().any(|m| m.starts_with("t.yaml:7:14:") && m.contains("no source named `nope`")), "{e:#?}");
+        assert!(e.iter().any(|m| m.starts_with("t.yaml:7:26:") && m.contains("no sink named `consle` (did you mean `console`?)")), "{e:#?}");
     }
 
     #[test]

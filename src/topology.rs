@@ -37,7 +37,11 @@ pub async fn run(
     metrics: PrometheusHandle,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
+    // Register every component before the admin server starts, so /readyz is 503 until all of
+    // them are built and running.
     let ready = Arc::new(Readiness::default());
+    let mut sink_flags: Vec<_> = config.sinks.iter().map(|s| ready.register(format!("sink {}", s.name))).collect();
+    let mut source_flags: Vec<_> = config.sources.iter().map(|s| ready.register(format!("source {}", s.name))).collect();
     let admin_stop = CancellationToken::new();
     if config.admin.enabled {
         let serve = admin::bind(config.admin.listen, metrics, ready.clone(), admin_stop.clone()).await?;
@@ -94,7 +98,7 @@ pub async fn run(
     let mut sink_tasks = Vec::new();
     for (entry, input) in config.sinks.into_iter().zip(built.inputs) {
         let what = format!("sink {}", entry.name);
-        let up = ready.register(what.clone());
+        let up = sink_flags.remove(0);
         let ctx = SinkContext {
             name: entry.name.clone(),
             input,
@@ -113,7 +117,7 @@ pub async fn run(
     let mut source_tasks = Vec::new();
     for (entry, sender) in config.sources.into_iter().zip(built.senders) {
         let what = format!("source {}", entry.name);
-        let up = ready.register(what.clone());
+        let up = source_flags.remove(0);
         let ctx = SourceContext {
             name: entry.name.clone(),
             shutdown: source_stop.clone(),
@@ -142,16 +146,22 @@ pub async fn run(
         }
     }
     drop(shared);
-    for t in &mut sink_tasks {
-        if tokio::time::timeout_at(deadline, &mut *t).await.is_err() {
-            break;
+    let mut unfinished = Vec::new();
+    for mut t in sink_tasks {
+        if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
+            unfinished.push(t);
         }
     }
-    // Grace is over: sinks stop waiting on slow peers; unsettled events count as failed.
-    sink_stop.cancel();
-    for t in sink_tasks {
-        if tokio::time::timeout(Duration::from_secs(2), t).await.is_err() {
-            tracing::warn!("a sink did not stop after the grace period");
+    if !unfinished.is_empty() {
+        // Grace is over: sinks stop waiting on slow peers; unsettled events count as failed.
+        tracing::warn!(sinks = unfinished.len(), "shutdown_grace is over; stopping sinks that are still delivering");
+        sink_stop.cancel();
+        for t in unfinished {
+            let abort = t.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), t).await.is_err() {
+                tracing::warn!("a sink did not stop after the grace period; aborting it");
+                abort.abort();
+            }
         }
     }
     dedup_stop.cancel();
