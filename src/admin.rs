@@ -77,7 +77,10 @@ async fn handle(
                 )
             }
         }
-        _ => text(StatusCode::NOT_FOUND, "not found: try /metrics, /healthz or /readyz\n"),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /healthz or /readyz\n",
+        ),
     })
 }
 

@@ -224,7 +224,12 @@ pub fn resolve(path: Option<&Path>) -> Result<(String, String), ConfigErrors> {
         None if Path::new("sluice.yaml").exists() => {
             ("sluice.yaml".to_owned(), Some(PathBuf::from("sluice.yaml")))
         }
-        None => return Ok(("<embedded config/default.yaml>".into(), DEFAULT_CONFIG.into())),
+        None => {
+            return Ok((
+                "<embedded config/default.yaml>".into(),
+                DEFAULT_CONFIG.into(),
+            ))
+        }
     };
     let text = std::fs::read_to_string(path.as_deref().unwrap_or(Path::new(""))).map_err(|e| {
         ConfigErrors(vec![ConfigError {
@@ -269,10 +274,10 @@ impl Positions {
         let mut stack: Vec<Frame> = Vec::new();
         // Returns the path of the node that starts now, recording its position; None for a key.
         let node_start = |stack: &mut Vec<Frame>,
-                              scalar: Option<&str>,
-                              at: Pos,
-                              pos: &mut Positions,
-                              dups: &mut Vec<(Pos, String)>|
+                          scalar: Option<&str>,
+                          at: Pos,
+                          pos: &mut Positions,
+                          dups: &mut Vec<(Pos, String)>|
          -> Option<String> {
             match stack.last_mut() {
                 None => Some(String::new()),
@@ -318,8 +323,8 @@ impl Positions {
                     node_start(&mut stack, None, at, &mut pos, &mut dups);
                 }
                 Event::MappingStart(..) => {
-                    let path = node_start(&mut stack, None, at, &mut pos, &mut dups)
-                        .unwrap_or_default();
+                    let path =
+                        node_start(&mut stack, None, at, &mut pos, &mut dups).unwrap_or_default();
                     stack.push(Frame::Map {
                         path,
                         key: None,
@@ -327,8 +332,8 @@ impl Positions {
                     });
                 }
                 Event::SequenceStart(..) => {
-                    let path = node_start(&mut stack, None, at, &mut pos, &mut dups)
-                        .unwrap_or_default();
+                    let path =
+                        node_start(&mut stack, None, at, &mut pos, &mut dups).unwrap_or_default();
                     stack.push(Frame::Seq { path, idx: 0 });
                 }
                 Event::MappingEnd | Event::SequenceEnd => {
@@ -436,7 +441,8 @@ pub fn suggest<'a>(bad: &str, candidates: impl Iterator<Item = &'a str>) -> Opti
     candidates
         .map(|c| {
             let edits = strsim::damerau_levenshtein(bad, c);
-            let ok = edits <= (bad.len().max(c.len()) / 3).max(1) || strsim::jaro_winkler(bad, c) > 0.9;
+            let ok =
+                edits <= (bad.len().max(c.len()) / 3).max(1) || strsim::jaro_winkler(bad, c) > 0.9;
             (edits, c, ok)
         })
         .filter(|(_, _, ok)| *ok)
@@ -446,7 +452,11 @@ pub fn suggest<'a>(bad: &str, candidates: impl Iterator<Item = &'a str>) -> Opti
 
 /// Replaces `${VAR}`, `${VAR:-default}` and `${file:PATH}` in every string; `$${` is a
 /// literal `${`.
-fn substitute_all(value: &mut Value, path: &mut Vec<String>, errors: &mut Vec<(Vec<String>, String)>) {
+fn substitute_all(
+    value: &mut Value,
+    path: &mut Vec<String>,
+    errors: &mut Vec<(Vec<String>, String)>,
+) {
     match value {
         Value::String(s) if s.contains('$') => match substitute(s) {
             Ok(new) => *s = new,
@@ -499,7 +509,10 @@ fn resolve_token(token: &str) -> Result<String, String> {
     if let Some(path) = token.strip_prefix("file:") {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read secret file {path:?}: {e}"))?;
-        return Ok(text.strip_suffix('\n').map_or(text.as_str(), |t| t.strip_suffix('\r').unwrap_or(t)).to_owned());
+        return Ok(text
+            .strip_suffix('\n')
+            .map_or(text.as_str(), |t| t.strip_suffix('\r').unwrap_or(t))
+            .to_owned());
     }
     let (name, default) = match token.split_once(":-") {
         Some((n, d)) => (n, Some(d)),
@@ -532,7 +545,11 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         // yaml_serde refuses duplicate keys too, but our index knows where the second one is.
         return Err(ConfigErrors(
             dups.into_iter()
-                .map(|(p, msg)| ConfigError { file: file.to_owned(), pos: Some(p), msg })
+                .map(|(p, msg)| ConfigError {
+                    file: file.to_owned(),
+                    pos: Some(p),
+                    msg,
+                })
                 .collect(),
         ));
     }
@@ -544,7 +561,10 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                 line: l.line(),
                 col: l.column(),
             });
-            return Err(one(pos, format!("invalid YAML: {}", strip_location(&e.to_string()))));
+            return Err(one(
+                pos,
+                format!("invalid YAML: {}", strip_location(&e.to_string())),
+            ));
         }
     };
     let mut cx = Ctx {
@@ -603,23 +623,46 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                 cx.err(&base, true, format!("{section}.{name}: {msg}"));
             }
             let Value::Mapping(mut map) = value else {
-                cx.err(&base, false, format!("{section}.{name}: expected a mapping with a `kind`"));
+                cx.err(
+                    &base,
+                    false,
+                    format!("{section}.{name}: expected a mapping with a `kind`"),
+                );
                 continue;
             };
             let kind = match map.remove("kind") {
                 Some(Value::String(k)) => k,
                 Some(_) => {
-                    cx.err(&[base.clone(), vec![seg("kind")]].concat(), false, format!("{section}.{name}.kind: must be a string"));
+                    cx.err(
+                        &[base.clone(), vec![seg("kind")]].concat(),
+                        false,
+                        format!("{section}.{name}.kind: must be a string"),
+                    );
                     continue;
                 }
                 None => {
-                    let known: Vec<&str> = kinds.iter().filter(|k| k.role == role).map(|k| k.name).collect();
-                    cx.err(&base, true, format!("{section}.{name}: missing `kind` (one of: {})", known.join(", ")));
+                    let known: Vec<&str> = kinds
+                        .iter()
+                        .filter(|k| k.role == role)
+                        .map(|k| k.name)
+                        .collect();
+                    cx.err(
+                        &base,
+                        true,
+                        format!(
+                            "{section}.{name}: missing `kind` (one of: {})",
+                            known.join(", ")
+                        ),
+                    );
                     continue;
                 }
             };
             let Some(entry) = kinds.iter().find(|k| k.role == role && k.name == kind) else {
-                let known: Vec<&str> = kinds.iter().filter(|k| k.role == role).map(|k| k.name).collect();
+                let known: Vec<&str> = kinds
+                    .iter()
+                    .filter(|k| k.role == role)
+                    .map(|k| k.name)
+                    .collect();
                 let hint = suggest(&kind, known.iter().copied())
                     .map(|s| format!(" (did you mean `{s}`?)"))
                     .unwrap_or_default();
@@ -638,11 +681,18 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             };
             match role {
                 Role::Source => {
-                    let Some(cfg) = (entry.parse_source)(Value::Mapping(map), &base, &mut cx) else { continue };
+                    let Some(cfg) = (entry.parse_source)(Value::Mapping(map), &base, &mut cx)
+                    else {
+                        continue;
+                    };
                     if let Err(msg) = cfg.validate(&name) {
                         cx.err(&base, true, format!("{section}.{name}: {msg}"));
                     }
-                    sources.push(SourceEntry { name, kind: entry.name, config: cfg });
+                    sources.push(SourceEntry {
+                        name,
+                        kind: entry.name,
+                        config: cfg,
+                    });
                 }
                 Role::Sink => {
                     let mut common = Value::Mapping(Default::default());
@@ -652,11 +702,18 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                         }
                     }
                     let common: SinkCommon = cx.de(common, &base).unwrap_or_default();
-                    let Some(cfg) = (entry.parse_sink)(Value::Mapping(map), &base, &mut cx) else { continue };
+                    let Some(cfg) = (entry.parse_sink)(Value::Mapping(map), &base, &mut cx) else {
+                        continue;
+                    };
                     if let Err(msg) = cfg.validate(&name) {
                         cx.err(&base, true, format!("{section}.{name}: {msg}"));
                     }
-                    sinks.push(SinkEntry { name, kind: entry.name, common, config: cfg });
+                    sinks.push(SinkEntry {
+                        name,
+                        kind: entry.name,
+                        common,
+                        config: cfg,
+                    });
                 }
             }
         }
@@ -665,31 +722,38 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     let mut routes = Vec::new();
     for (i, value) in top.routes.unwrap_or_default().into_iter().enumerate() {
         let base = vec![seg("routes"), i.to_string()];
-        let Some(r) = cx.de::<RouteConfig>(value, &base) else { continue };
-        let mut resolve = |list: &[String], field: &str, names: Vec<&str>, all: &[String]| -> Vec<usize> {
-            let mut out = Vec::new();
-            if list.is_empty() {
-                cx.err(&[base.clone(), vec![seg(field)]].concat(), false, format!("routes.{i}.{field}: must name at least one"));
-            }
-            for (j, n) in list.iter().enumerate() {
-                match names.iter().position(|x| x == n) {
-                    Some(idx) => out.push(idx),
-                    None if all.contains(n) => {}
-                    None => {
-                        let what = if field == "from" { "source" } else { "sink" };
-                        let hint = suggest(n, all.iter().map(String::as_str))
-                            .map(|s| format!(" (did you mean `{s}`?)"))
-                            .unwrap_or_default();
-                        cx.err(
-                            &[base.clone(), vec![seg(field), j.to_string()]].concat(),
-                            false,
-                            format!("routes.{i}.{field}: no {what} named `{n}`{hint}"),
-                        );
+        let Some(r) = cx.de::<RouteConfig>(value, &base) else {
+            continue;
+        };
+        let mut resolve =
+            |list: &[String], field: &str, names: Vec<&str>, all: &[String]| -> Vec<usize> {
+                let mut out = Vec::new();
+                if list.is_empty() {
+                    cx.err(
+                        &[base.clone(), vec![seg(field)]].concat(),
+                        false,
+                        format!("routes.{i}.{field}: must name at least one"),
+                    );
+                }
+                for (j, n) in list.iter().enumerate() {
+                    match names.iter().position(|x| x == n) {
+                        Some(idx) => out.push(idx),
+                        None if all.contains(n) => {}
+                        None => {
+                            let what = if field == "from" { "source" } else { "sink" };
+                            let hint = suggest(n, all.iter().map(String::as_str))
+                                .map(|s| format!(" (did you mean `{s}`?)"))
+                                .unwrap_or_default();
+                            cx.err(
+                                &[base.clone(), vec![seg(field), j.to_string()]].concat(),
+                                false,
+                                format!("routes.{i}.{field}: no {what} named `{n}`{hint}"),
+                            );
+                        }
                     }
                 }
-            }
-            out
-        };
+                out
+            };
         let no_names = Vec::new();
         let from = resolve(
             &r.from,
@@ -704,7 +768,11 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             declared.get("sinks").unwrap_or(&no_names),
         );
         let mut matches = Vec::new();
-        for (attr, m) in [(Attr::Type, r.ty), (Attr::Source, r.source), (Attr::Subject, r.subject)] {
+        for (attr, m) in [
+            (Attr::Type, r.ty),
+            (Attr::Source, r.source),
+            (Attr::Subject, r.subject),
+        ] {
             match m {
                 Some(StrMatch::Exact(v)) => matches.push(Match::Exact(attr, v)),
                 Some(StrMatch::Prefix { prefix }) => matches.push(Match::Prefix(attr, prefix)),
@@ -715,10 +783,18 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     }
 
     if pipeline.queue_events == 0 {
-        cx.err(&[seg("pipeline"), seg("queue_events")], false, "pipeline.queue_events: must be at least 1");
+        cx.err(
+            &[seg("pipeline"), seg("queue_events")],
+            false,
+            "pipeline.queue_events: must be at least 1",
+        );
     }
     if pipeline.queue_bytes.bytes() == 0 || pipeline.memory_budget.bytes() == 0 {
-        cx.err(&[seg("pipeline")], false, "pipeline: queue_bytes and memory_budget must be above 0");
+        cx.err(
+            &[seg("pipeline")],
+            false,
+            "pipeline: queue_bytes and memory_budget must be above 0",
+        );
     }
 
     if !cx.errors.is_empty() {
@@ -793,21 +869,48 @@ routes:
   - { from: [nope], to: [consle] }
 ";
         let e = errors(text);
-        assert!(e.iter().any(|m| m.starts_with("t.yaml:2:17: pipeline.queue_events: invalid type")), "{e:#?}");
-        assert!(e.iter().any(|m| m.starts_with("t.yaml:4:20:") && m.contains("unknown sink kind `lgo` (did you mean `log`?)")), "{e:#?}");
-        assert!(e.iter().any(|m| m.starts_with("t.yaml:5:34:") && m.contains("unknown variant `wait`")), "{e:#?}");
-        assert!(e.iter().any(|m| m.starts_with("t.yaml:7:14:") && m.contains("no source named `nope`")), "{e:#?}");
-        assert!(e.iter().any(|m| m.starts_with("t.yaml:7:26:") && m.contains("no sink named `consle` (did you mean `console`?)")), "{e:#?}");
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("t.yaml:2:17: pipeline.queue_events: invalid type")),
+            "{e:#?}"
+        );
+        assert!(
+            e.iter().any(|m| m.starts_with("t.yaml:4:20:")
+                && m.contains("unknown sink kind `lgo` (did you mean `log`?)")),
+            "{e:#?}"
+        );
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("t.yaml:5:34:") && m.contains("unknown variant `wait`")),
+            "{e:#?}"
+        );
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("t.yaml:7:14:") && m.contains("no source named `nope`")),
+            "{e:#?}"
+        );
+        assert!(
+            e.iter().any(|m| m.starts_with("t.yaml:7:26:")
+                && m.contains("no sink named `consle` (did you mean `console`?)")),
+            "{e:#?}"
+        );
     }
 
     #[test]
     fn duplicate_keys_and_names() {
         let text = "sinks:\n  a: { kind: log }\n  a: { kind: null }\n";
         let e = errors(text);
-        assert!(e.iter().any(|m| m.starts_with("t.yaml:3:3: duplicate key `a` (first at line 2)")), "{e:#?}");
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("t.yaml:3:3: duplicate key `a` (first at line 2)")),
+            "{e:#?}"
+        );
         let text = "sources:\n  x: { kind: webhook }\nsinks:\n  x: { kind: log }\n";
         let e = errors(text);
-        assert!(e.iter().any(|m| m.contains("already used in sources")), "{e:#?}");
+        assert!(
+            e.iter().any(|m| m.contains("already used in sources")),
+            "{e:#?}"
+        );
     }
 
     #[test]
@@ -827,11 +930,19 @@ routes:
         assert_eq!(substitute("a${SLUICE_TEST_QB}b").unwrap(), "a32MiBb");
         assert_eq!(substitute("${SLUICE_TEST_NOPE:-dflt}").unwrap(), "dflt");
         assert_eq!(substitute("$${NOT}").unwrap(), "${NOT}");
-        assert_eq!(substitute(&format!("${{file:{}}}", secret.display())).unwrap(), "hunter2");
+        assert_eq!(
+            substitute(&format!("${{file:{}}}", secret.display())).unwrap(),
+            "hunter2"
+        );
         let c = parse("t", "pipeline: { queue_bytes: \"${SLUICE_TEST_QB}\" }\n").unwrap();
         assert_eq!(c.pipeline.queue_bytes.bytes(), 32 << 20);
         let e = errors("state_dir: ${SLUICE_TEST_UNSET_VAR}\n");
-        assert!(e[0].starts_with("t.yaml:1:12: state_dir: environment variable SLUICE_TEST_UNSET_VAR is not set"), "{e:?}");
+        assert!(
+            e[0].starts_with(
+                "t.yaml:1:12: state_dir: environment variable SLUICE_TEST_UNSET_VAR is not set"
+            ),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -13,7 +13,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "Event-source gateway: many connectors, CloudEvents 1.0, acknowledged delivery with backpressure")]
+#[command(
+    name = "sluice",
+    version,
+    about = "Event-source gateway: many connectors, CloudEvents 1.0, acknowledged delivery with backpressure"
+)]
 struct Cli {
     /// Log format on stderr (filter with RUST_LOG, default info).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -50,7 +54,9 @@ enum Command {
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),

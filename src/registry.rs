@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-use sluice_core::{BoxFuture, ConnectorError, Running, SinkConfig, SinkContext, SourceConfig, SourceContext};
+use sluice_core::{
+    BoxFuture, ConnectorError, Running, SinkConfig, SinkContext, SourceConfig, SourceContext,
+};
 use yaml_serde::Value;
 
 use crate::config::Ctx;
@@ -34,14 +36,20 @@ impl fmt::Display for Role {
 /// A parsed source config with its type erased.
 pub trait DynSource: Send {
     fn validate(&self, name: &str) -> Result<(), String>;
-    fn build(self: Box<Self>, ctx: SourceContext) -> BoxFuture<'static, Result<Running, ConnectorError>>;
+    fn build(
+        self: Box<Self>,
+        ctx: SourceContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>>;
 }
 
 impl<T: SourceConfig> DynSource for T {
     fn validate(&self, name: &str) -> Result<(), String> {
         SourceConfig::validate(self, name)
     }
-    fn build(self: Box<Self>, ctx: SourceContext) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+    fn build(
+        self: Box<Self>,
+        ctx: SourceContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
         SourceConfig::build(self, ctx)
     }
 }
@@ -49,14 +57,20 @@ impl<T: SourceConfig> DynSource for T {
 /// A parsed sink config with its type erased.
 pub trait DynSink: Send {
     fn validate(&self, name: &str) -> Result<(), String>;
-    fn build(self: Box<Self>, ctx: SinkContext) -> BoxFuture<'static, Result<Running, ConnectorError>>;
+    fn build(
+        self: Box<Self>,
+        ctx: SinkContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>>;
 }
 
 impl<T: SinkConfig> DynSink for T {
     fn validate(&self, name: &str) -> Result<(), String> {
         SinkConfig::validate(self, name)
     }
-    fn build(self: Box<Self>, ctx: SinkContext) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+    fn build(
+        self: Box<Self>,
+        ctx: SinkContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
         SinkConfig::build(self, ctx)
     }
 }
@@ -80,22 +94,43 @@ fn no_sink(_: Value, _: &[String], _: &mut Ctx<'_>) -> Option<Box<dyn DynSink>> 
     None
 }
 
-fn parse_source<T: SourceConfig>(v: Value, base: &[String], cx: &mut Ctx<'_>) -> Option<Box<dyn DynSource>> {
-    cx.de::<T>(v, base).map(|c| Box::new(c) as Box<dyn DynSource>)
+fn parse_source<T: SourceConfig>(
+    v: Value,
+    base: &[String],
+    cx: &mut Ctx<'_>,
+) -> Option<Box<dyn DynSource>> {
+    cx.de::<T>(v, base)
+        .map(|c| Box::new(c) as Box<dyn DynSource>)
 }
 
-fn parse_sink<T: SinkConfig>(v: Value, base: &[String], cx: &mut Ctx<'_>) -> Option<Box<dyn DynSink>> {
+fn parse_sink<T: SinkConfig>(
+    v: Value,
+    base: &[String],
+    cx: &mut Ctx<'_>,
+) -> Option<Box<dyn DynSink>> {
     cx.de::<T>(v, base).map(|c| Box::new(c) as Box<dyn DynSink>)
 }
 
 #[allow(dead_code)]
 fn source<T: SourceConfig>(name: &'static str, description: &'static str) -> Kind {
-    Kind { name, role: Role::Source, description, parse_source: parse_source::<T>, parse_sink: no_sink }
+    Kind {
+        name,
+        role: Role::Source,
+        description,
+        parse_source: parse_source::<T>,
+        parse_sink: no_sink,
+    }
 }
 
 #[allow(dead_code)]
 fn sink<T: SinkConfig>(name: &'static str, description: &'static str) -> Kind {
-    Kind { name, role: Role::Sink, description, parse_source: no_source, parse_sink: parse_sink::<T> }
+    Kind {
+        name,
+        role: Role::Sink,
+        description,
+        parse_source: no_source,
+        parse_sink: parse_sink::<T>,
+    }
 }
 
 /// Every connector kind compiled into this binary.

@@ -42,7 +42,12 @@ impl StateStore for RedbStore {
         Ok(t.get(key).map_err(err)?.map(|v| v.value().to_vec()))
     }
 
-    fn write(&self, table: &str, puts: &[(&[u8], &[u8])], deletes: &[&[u8]]) -> Result<(), StateError> {
+    fn write(
+        &self,
+        table: &str,
+        puts: &[(&[u8], &[u8])],
+        deletes: &[&[u8]],
+    ) -> Result<(), StateError> {
         let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(table);
         let txn = self.db.begin_write().map_err(err)?;
         {

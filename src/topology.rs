@@ -24,7 +24,9 @@ fn supervise(what: String, running: Running, up: Arc<AtomicBool>) -> JoinHandle<
     tokio::spawn(async move {
         match running.await {
             Ok(()) => tracing::info!(component = %what, "stopped"),
-            Err(e) => tracing::error!(component = %what, error = %e, "stopped with an error; /readyz now reports it"),
+            Err(e) => {
+                tracing::error!(component = %what, error = %e, "stopped with an error; /readyz now reports it")
+            }
         }
         up.store(false, Ordering::Relaxed);
         metrics::gauge!(sluice_core::telemetry::COMPONENT_UP, "component" => what).set(0.0);
@@ -40,11 +42,25 @@ pub async fn run(
     // Register every component before the admin server starts, so /readyz is 503 until all of
     // them are built and running.
     let ready = Arc::new(Readiness::default());
-    let mut sink_flags: Vec<_> = config.sinks.iter().map(|s| ready.register(format!("sink {}", s.name))).collect();
-    let mut source_flags: Vec<_> = config.sources.iter().map(|s| ready.register(format!("source {}", s.name))).collect();
+    let mut sink_flags: Vec<_> = config
+        .sinks
+        .iter()
+        .map(|s| ready.register(format!("sink {}", s.name)))
+        .collect();
+    let mut source_flags: Vec<_> = config
+        .sources
+        .iter()
+        .map(|s| ready.register(format!("source {}", s.name)))
+        .collect();
     let admin_stop = CancellationToken::new();
     if config.admin.enabled {
-        let serve = admin::bind(config.admin.listen, metrics, ready.clone(), admin_stop.clone()).await?;
+        let serve = admin::bind(
+            config.admin.listen,
+            metrics,
+            ready.clone(),
+            admin_stop.clone(),
+        )
+        .await?;
         tokio::spawn(serve);
         tracing::info!(listen = %config.admin.listen, "admin server: /metrics /healthz /readyz");
     }
@@ -89,7 +105,11 @@ pub async fn run(
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("state_dir: cannot load the dedup window: {e}"))?;
         tracing::info!(entries = loaded, "dedup window restored from state_dir");
-        dedup_task = Some(tokio::spawn(dedup.clone().persist_until(store.clone(), dedup_stop.clone())));
+        dedup_task = Some(tokio::spawn(
+            dedup
+                .clone()
+                .persist_until(store.clone(), dedup_stop.clone()),
+        ));
     }
 
     let shared = Shared::default();
@@ -154,11 +174,17 @@ pub async fn run(
     }
     if !unfinished.is_empty() {
         // Grace is over: sinks stop waiting on slow peers; unsettled events count as failed.
-        tracing::warn!(sinks = unfinished.len(), "shutdown_grace is over; stopping sinks that are still delivering");
+        tracing::warn!(
+            sinks = unfinished.len(),
+            "shutdown_grace is over; stopping sinks that are still delivering"
+        );
         sink_stop.cancel();
         for t in unfinished {
             let abort = t.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(2), t).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(2), t)
+                .await
+                .is_err()
+            {
                 tracing::warn!("a sink did not stop after the grace period; aborting it");
                 abort.abort();
             }

@@ -16,7 +16,11 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 struct Daemon {
@@ -29,10 +33,15 @@ struct Daemon {
 impl Daemon {
     fn start(config_dir: &Path, extra: &str) -> Daemon {
         let hook: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let cfg = format!(
-            "admin: {{ listen: {admin} }}\n{extra}\nsources:\n  hooks: {{ kind: webhook, listen: {hook}, path: / }}\nsinks:\n  console: {{ kind: log }}\nroutes:\n  - {{ from: [hooks], to: [console] }}\n"
+        let body = format!(
+            "{extra}\nsources:\n  hooks: {{ kind: webhook, listen: {hook}, path: / }}\nsinks:\n  console: {{ kind: log }}\nroutes:\n  - {{ from: [hooks], to: [console] }}\n"
         );
+        Self::start_with(config_dir, &body, hook)
+    }
+
+    fn start_with(config_dir: &Path, body: &str, hook: SocketAddr) -> Daemon {
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let cfg = format!("admin: {{ listen: {admin} }}\n{body}");
         let path = config_dir.join("sluice.yaml");
         std::fs::write(&path, cfg).unwrap();
         let mut child = Command::new(BIN)
@@ -49,7 +58,12 @@ impl Daemon {
                 let _ = tx.send(line);
             }
         });
-        Daemon { child, lines, hook, admin }
+        Daemon {
+            child,
+            lines,
+            hook,
+            admin,
+        }
     }
 
     async fn wait_ready(&self) {
@@ -66,7 +80,10 @@ impl Daemon {
     }
 
     fn next_line(&self) -> Value {
-        let line = self.lines.recv_timeout(Duration::from_secs(10)).expect("a line on stdout");
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a line on stdout");
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON: {line:?}: {e}"))
     }
 
@@ -78,7 +95,10 @@ impl Daemon {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "sluice did not stop after SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "sluice did not stop after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -90,11 +110,24 @@ impl Drop for Daemon {
     }
 }
 
-async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Result<(StatusCode, Bytes), String> {
-    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(StatusCode, Bytes), String> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let mut req = Request::builder().method(method).uri(path).header("host", "localhost");
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost");
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -103,7 +136,12 @@ async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &
         .await
         .map_err(|e| e.to_string())?;
     let status = resp.status();
-    let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
     Ok((status, body))
 }
 
@@ -125,7 +163,11 @@ fn version_and_connectors() {
     let out = Command::new(BIN).arg("connectors").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     for kind in ["webhook", "log", "null"] {
-        assert!(text.lines().any(|l| l.split_whitespace().nth(1) == Some(kind)), "{kind} missing:\n{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().nth(1) == Some(kind)),
+            "{kind} missing:\n{text}"
+        );
     }
 }
 
@@ -134,36 +176,81 @@ fn validate_reports_every_error_and_opens_no_socket() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, "sources:\n  hooks: { kind: webhok }\nsinks:\n  out: { kind: log, colour: red }\nroutes:\n  - { from: [hooks], to: [nowhere] }\n").unwrap();
-    let out = Command::new(BIN).args(["validate", "-c"]).arg(&bad).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["validate", "-c"])
+        .arg(&bad)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     let f = bad.display().to_string();
-    assert!(err.contains(&format!("{f}:2:18: sources.hooks.kind: unknown source kind `webhok` (did you mean `webhook`?)")), "{err}");
-    assert!(err.contains(&format!("{f}:4:21: sinks.out.colour: unknown field `colour`")), "{err}");
-    assert!(err.contains(&format!("{f}:6:27: routes.0.to: no sink named `nowhere`")), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{f}:2:18: sources.hooks.kind: unknown source kind `webhok` (did you mean `webhook`?)"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "{f}:4:21: sinks.out.colour: unknown field `colour`"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("{f}:6:27: routes.0.to: no sink named `nowhere`")),
+        "{err}"
+    );
 
     // A listen address that is taken does not matter to validate: it binds nothing.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let good = dir.path().join("good.yaml");
     std::fs::write(&good, format!("sources:\n  h: {{ kind: webhook, listen: {} }}\nsinks:\n  o: {{ kind: log }}\nroutes:\n  - {{ from: [h], to: [o] }}\n", taken.local_addr().unwrap())).unwrap();
-    let out = Command::new(BIN).args(["validate", "-c"]).arg(&good).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["validate", "-c"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // `run` with the same config fails clearly, naming the source.
-    let out = Command::new(BIN).args(["run", "-c"]).arg(&good).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "-c"])
+        .arg(&good)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("source h (kind webhook)") && err.contains("cannot listen"), "{err}");
+    assert!(
+        err.contains("source h (kind webhook)") && err.contains("cannot listen"),
+        "{err}"
+    );
 }
 
 #[test]
 fn malformed_yaml_never_crashes() {
     let dir = tempfile::tempdir().unwrap();
-    for text in ["sources: [", "\u{0}\u{1}", "sources:\n  a: 5\n", "routes: {x: 1}\n", "- - -\n"] {
+    for text in [
+        "sources: [",
+        "\u{0}\u{1}",
+        "sources:\n  a: 5\n",
+        "routes: {x: 1}\n",
+        "- - -\n",
+    ] {
         let p = dir.path().join("x.yaml");
         std::fs::write(&p, text).unwrap();
-        let out = Command::new(BIN).args(["validate", "-c"]).arg(&p).output().unwrap();
+        let out = Command::new(BIN)
+            .args(["validate", "-c"])
+            .arg(&p)
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(1), "{text:?}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("x.yaml"), "{text:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("x.yaml"),
+            "{text:?}"
+        );
     }
 }
 
@@ -173,7 +260,18 @@ async fn webhook_to_log_end_to_end() {
     let d = Daemon::start(dir.path(), "");
     d.wait_ready().await;
     assert_eq!(get(d.admin, "/healthz").await.unwrap().0, StatusCode::OK);
-    let (status, body) = request(d.hook, "POST", "/", &[("content-type", "application/json"), ("idempotency-key", "e2e-1")], br#"{"n":1}"#).await.unwrap();
+    let (status, body) = request(
+        d.hook,
+        "POST",
+        "/",
+        &[
+            ("content-type", "application/json"),
+            ("idempotency-key", "e2e-1"),
+        ],
+        br#"{"n":1}"#,
+    )
+    .await
+    .unwrap();
     assert_eq!(status, StatusCode::OK, "{body:?}");
     let line = d.next_line();
     assert_eq!(line["specversion"], "1.0");
@@ -182,16 +280,42 @@ async fn webhook_to_log_end_to_end() {
     assert_eq!(line["data"], serde_json::json!({"n": 1}));
     // A structured CloudEvent passes through untouched.
     let ce = r#"{"specversion":"1.0","id":"ce-1","source":"urn:upstream","type":"com.example.x","data":"hi","datacontenttype":"text/plain"}"#;
-    let (status, _) = request(d.hook, "POST", "/", &[("content-type", "application/cloudevents+json")], ce.as_bytes()).await.unwrap();
+    let (status, _) = request(
+        d.hook,
+        "POST",
+        "/",
+        &[("content-type", "application/cloudevents+json")],
+        ce.as_bytes(),
+    )
+    .await
+    .unwrap();
     assert_eq!(status, StatusCode::OK);
     let line = d.next_line();
-    assert_eq!((line["id"].as_str(), line["source"].as_str(), line["data"].as_str()), (Some("ce-1"), Some("urn:upstream"), Some("hi")));
+    assert_eq!(
+        (
+            line["id"].as_str(),
+            line["source"].as_str(),
+            line["data"].as_str()
+        ),
+        (Some("ce-1"), Some("urn:upstream"), Some("hi"))
+    );
 
     let (_, metrics) = get(d.admin, "/metrics").await.unwrap();
     let m = String::from_utf8_lossy(&metrics);
-    assert_eq!(metric(&m, "sluice_events_received_total{source=\"hooks\"}"), 2.0, "{m}");
-    assert_eq!(metric(&m, "sluice_events_delivered_total{sink=\"console\"}"), 2.0, "{m}");
-    assert!(m.contains("sluice_delivery_latency_seconds_bucket{sink=\"console\",le=\"0.005\"}"), "{m}");
+    assert_eq!(
+        metric(&m, "sluice_events_received_total{source=\"hooks\"}"),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "sluice_events_delivered_total{sink=\"console\"}"),
+        2.0,
+        "{m}"
+    );
+    assert!(
+        m.contains("sluice_delivery_latency_seconds_bucket{sink=\"console\",le=\"0.005\"}"),
+        "{m}"
+    );
     assert!(m.contains("sluice_queue_events{sink=\"console\"}"));
     let status = d.stop();
     assert!(status.success(), "SIGTERM → exit 0, got {status:?}");
@@ -204,20 +328,30 @@ async fn dedup_window_survives_a_restart_with_state_dir() {
     let extra = format!("state_dir: {}", state.display());
     let d = Daemon::start(dir.path(), &extra);
     d.wait_ready().await;
-    let (s, _) = request(d.hook, "POST", "/", &[("idempotency-key", "once")], b"{}").await.unwrap();
+    let (s, _) = request(d.hook, "POST", "/", &[("idempotency-key", "once")], b"{}")
+        .await
+        .unwrap();
     assert_eq!(s, StatusCode::OK);
     assert_eq!(d.next_line()["id"], "once");
     assert!(d.stop().success());
 
     let d = Daemon::start(dir.path(), &extra);
     d.wait_ready().await;
-    let (s, body) = request(d.hook, "POST", "/", &[("idempotency-key", "once")], b"{}").await.unwrap();
+    let (s, body) = request(d.hook, "POST", "/", &[("idempotency-key", "once")], b"{}")
+        .await
+        .unwrap();
     assert_eq!(s, StatusCode::OK);
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body["duplicates"], 1, "remembered across the restart");
-    let (s, _) = request(d.hook, "POST", "/", &[("idempotency-key", "twice")], b"{}").await.unwrap();
+    let (s, _) = request(d.hook, "POST", "/", &[("idempotency-key", "twice")], b"{}")
+        .await
+        .unwrap();
     assert_eq!(s, StatusCode::OK);
-    assert_eq!(d.next_line()["id"], "twice", "the duplicate printed nothing; the new one prints");
+    assert_eq!(
+        d.next_line()["id"],
+        "twice",
+        "the duplicate printed nothing; the new one prints"
+    );
     assert!(d.stop().success());
 }
 
@@ -231,8 +365,52 @@ async fn readyz_waits_for_components_and_bad_requests_do_not_hurt() {
     let mut s = tokio::net::TcpStream::connect(d.hook).await.unwrap();
     s.write_all(b"\x16\x03\x01garbage\r\n\r\n").await.unwrap();
     drop(s);
-    let (status, _) = request(d.hook, "POST", "/", &[("content-type", "application/cloudevents+json")], b"{not json").await.unwrap();
+    let (status, _) = request(
+        d.hook,
+        "POST",
+        "/",
+        &[("content-type", "application/cloudevents+json")],
+        b"{not json",
+    )
+    .await
+    .unwrap();
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(get(d.admin, "/readyz").await.unwrap().0, StatusCode::OK);
     assert!(d.stop().success());
+}
+
+#[tokio::test]
+async fn schedule_catchup_across_a_restart_emits_no_slot_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "state_dir: {}\nsources:\n  tick: {{ kind: schedule, interval: 1s, catchup: {{ enabled: true, max_duration: 1h }} }}\nsinks:\n  console: {{ kind: log }}\nroutes:\n  - {{ from: [tick], to: [console] }}\n",
+        dir.path().join("state").display()
+    );
+    let unused: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let mut ids = Vec::new();
+    let d = Daemon::start_with(dir.path(), &body, unused);
+    d.wait_ready().await;
+    for _ in 0..2 {
+        ids.push(d.next_line()["id"].as_str().unwrap().to_owned());
+    }
+    assert!(d.stop().success());
+    // Down for a while: the slots missed meanwhile are replayed after the restart.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let d = Daemon::start_with(dir.path(), &body, unused);
+    d.wait_ready().await;
+    for _ in 0..4 {
+        ids.push(d.next_line()["id"].as_str().unwrap().to_owned());
+    }
+    assert!(d.stop().success());
+    let slots: Vec<chrono::DateTime<chrono::Utc>> = ids
+        .iter()
+        .map(|id| id.strip_prefix("tick:").unwrap().parse().unwrap())
+        .collect();
+    for w in slots.windows(2) {
+        assert_eq!(
+            (w[1] - w[0]).num_seconds(),
+            1,
+            "consecutive slots, none twice, none missing: {ids:?}"
+        );
+    }
 }

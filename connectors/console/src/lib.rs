@@ -18,7 +18,10 @@ const BATCH: usize = 512;
 pub struct LogConfig {}
 
 impl SinkConfig for LogConfig {
-    fn build(self: Box<Self>, ctx: SinkContext) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+    fn build(
+        self: Box<Self>,
+        ctx: SinkContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
         Box::pin(async move {
             let out = tokio::io::stdout();
             Ok(Box::pin(run_log(ctx, out)) as Running)
@@ -56,7 +59,9 @@ pub async fn run_log<W: tokio::io::AsyncWrite + Unpin>(
             Err(e) => {
                 tracing::error!(sink = %ctx.name, error = %e, "log sink: writing to stdout failed; events are reported as failed");
                 let reason = format!("writing to stdout failed: {e}");
-                items.drain(..).for_each(|i| i.delivery.failed(reason.clone()));
+                items
+                    .drain(..)
+                    .for_each(|i| i.delivery.failed(reason.clone()));
             }
         }
     }
@@ -68,12 +73,17 @@ pub async fn run_log<W: tokio::io::AsyncWrite + Unpin>(
 pub struct NullConfig {}
 
 impl SinkConfig for NullConfig {
-    fn build(self: Box<Self>, mut ctx: SinkContext) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+    fn build(
+        self: Box<Self>,
+        mut ctx: SinkContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
         Box::pin(async move {
             Ok(Box::pin(async move {
                 let mut items = Vec::with_capacity(BATCH);
                 while ctx.input.recv_many(&mut items, BATCH).await > 0 {
-                    items.drain(..).for_each(|i: SinkItem| i.delivery.delivered());
+                    items
+                        .drain(..)
+                        .for_each(|i: SinkItem| i.delivery.delivered());
                 }
                 Ok(())
             }) as Running)
@@ -131,7 +141,9 @@ mod tests {
         let ctx = rig.context("null-test");
         let running = Box::new(NullConfig {}).build(ctx).await.unwrap();
         tokio::spawn(running);
-        let events = (0..100).map(|i| Event::new(i.to_string(), "/s", "t")).collect();
+        let events = (0..100)
+            .map(|i| Event::new(i.to_string(), "/s", "t"))
+            .collect();
         assert!(rig.send(events).await.is_delivered());
         assert_sink_telemetry("null-test", 100, 0);
     }

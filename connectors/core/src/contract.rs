@@ -70,7 +70,10 @@ pub trait SourceConfig: DeserializeOwned + fmt::Debug + Send + Sync + 'static {
         Ok(())
     }
     /// Opens resources (binds sockets, connects) and returns the running source.
-    fn build(self: Box<Self>, ctx: SourceContext) -> BoxFuture<'static, Result<Running, ConnectorError>>;
+    fn build(
+        self: Box<Self>,
+        ctx: SourceContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>>;
 }
 
 /// A sink kind's configuration.
@@ -78,7 +81,10 @@ pub trait SinkConfig: DeserializeOwned + fmt::Debug + Send + Sync + 'static {
     fn validate(&self, _name: &str) -> Result<(), String> {
         Ok(())
     }
-    fn build(self: Box<Self>, ctx: SinkContext) -> BoxFuture<'static, Result<Running, ConnectorError>>;
+    fn build(
+        self: Box<Self>,
+        ctx: SinkContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>>;
 }
 
 /// A type map for resources that connectors of one family share within one daemon (one

@@ -274,7 +274,9 @@ impl Event {
     pub fn validate(&self) -> Result<(), EventError> {
         check_string("id", &self.id, true)?;
         check_string("source", &self.source, true)?;
-        if iri_string::validate::iri_reference::<iri_string::spec::UriSpec>(self.source.as_str()).is_err() {
+        if iri_string::validate::iri_reference::<iri_string::spec::UriSpec>(self.source.as_str())
+            .is_err()
+        {
             return Err(EventError(format!(
                 "source {:?} is not a URI-reference (RFC 3986)",
                 self.source
@@ -285,7 +287,9 @@ impl Event {
             check_media_type(ct)?;
         }
         if let Some(schema) = &self.dataschema {
-            if schema.is_empty() || iri_string::validate::iri::<iri_string::spec::UriSpec>(schema.as_str()).is_err() {
+            if schema.is_empty()
+                || iri_string::validate::iri::<iri_string::spec::UriSpec>(schema.as_str()).is_err()
+            {
                 return Err(EventError(format!(
                     "dataschema {schema:?} is not an absolute URI"
                 )));
@@ -385,7 +389,13 @@ mod tests {
         let mut e = minimal();
         e.source = "not a uri ref ::".into();
         assert!(e.validate().unwrap_err().0.contains("URI-reference"));
-        for ok in ["#fragment", "/a/b", "urn:x:y", "//authority/path", "order-svc"] {
+        for ok in [
+            "#fragment",
+            "/a/b",
+            "urn:x:y",
+            "//authority/path",
+            "order-svc",
+        ] {
             e.source = ok.into();
             e.validate().unwrap();
         }
@@ -481,10 +491,7 @@ mod tests {
             Data::from_bytes(Bytes::from_static(b"{\"a\":1}"), Some("text/plain")),
             Data::Binary(_)
         ));
-        assert!(matches!(
-            Data::from_bytes(Bytes::new(), None),
-            Data::None
-        ));
+        assert!(matches!(Data::from_bytes(Bytes::new(), None), Data::None));
     }
 
     #[test]

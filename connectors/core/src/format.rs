@@ -119,14 +119,12 @@ fn event_from_members(
             ),
             Some(b't') | Some(b'f') => ExtValue::Boolean(text == "true"),
             Some(b'n') => continue,
-            Some(b'-' | b'0'..=b'9') => {
-                ExtValue::Integer(text.parse::<i32>().map_err(|_| {
-                    EventError(format!(
-                        "extension {name:?} must be a string, a boolean or a 32-bit integer, \
+            Some(b'-' | b'0'..=b'9') => ExtValue::Integer(text.parse::<i32>().map_err(|_| {
+                EventError(format!(
+                    "extension {name:?} must be a string, a boolean or a 32-bit integer, \
                          got {text}"
-                    ))
-                })?)
-            }
+                ))
+            })?),
             _ => {
                 return Err(EventError(format!(
                     "extension {name:?} must be a string, a boolean or an integer"
@@ -253,7 +251,12 @@ pub fn encode_batch(events: &[Event]) -> Vec<u8> {
 
 /// Media types whose bytes are text, carried as a JSON string rather than base64.
 fn is_textual_media_type(ct: &str) -> bool {
-    let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     essence.starts_with("text/")
         || essence.ends_with("+xml")
         || essence == "application/xml"
@@ -284,7 +287,10 @@ mod tests {
                 assert_eq!(&b[..], br#"{"k":[1,2]}"#);
                 let base = input.as_ptr() as usize;
                 let p = b.as_ptr() as usize;
-                assert!(p > base && p < base + input.len(), "data must borrow the input");
+                assert!(
+                    p > base && p < base + input.len(),
+                    "data must borrow the input"
+                );
             }
             other => panic!("expected JSON data, got {other:?}"),
         }

@@ -103,8 +103,11 @@ pub fn decode_header_value(name: &str, raw: &HeaderValue) -> Result<String, Even
         bytes = &unquoted;
     }
     let decoded: Vec<u8> = percent_decode(bytes).collect();
-    String::from_utf8(decoded)
-        .map_err(|_| EventError(format!("header {name} is not valid UTF-8 after percent-decoding")))
+    String::from_utf8(decoded).map_err(|_| {
+        EventError(format!(
+            "header {name} is not valid UTF-8 after percent-decoding"
+        ))
+    })
 }
 
 /// Percent-encodes an attribute value for a `ce-` header.
@@ -156,7 +159,11 @@ pub fn decode_binary(headers: &HeaderMap, body: Bytes) -> Result<Event, EventErr
         }
         None => return Err(EventError::new("ce-specversion header is missing")),
     }
-    for (present, name) in [(seen.0, "ce-id"), (seen.1, "ce-source"), (seen.2, "ce-type")] {
+    for (present, name) in [
+        (seen.0, "ce-id"),
+        (seen.1, "ce-source"),
+        (seen.2, "ce-type"),
+    ] {
         if !present {
             return Err(EventError(format!("{name} header is missing")));
         }
@@ -243,7 +250,10 @@ mod tests {
 
     #[test]
     fn percent_encoding_follows_the_binding() {
-        assert_eq!(encode_header_value("Euro € 😀"), "Euro%20%E2%82%AC%20%F0%9F%98%80");
+        assert_eq!(
+            encode_header_value("Euro € 😀"),
+            "Euro%20%E2%82%AC%20%F0%9F%98%80"
+        );
         assert_eq!(encode_header_value("a\"b%c"), "a%22b%25c");
         assert_eq!(encode_header_value("!~/:?"), "!~/:?");
         let v = HeaderValue::from_static("Euro%20%E2%82%AC%20%F0%9F%98%80");
@@ -262,18 +272,30 @@ mod tests {
     #[test]
     fn detect_modes() {
         assert_eq!(
-            detect(&headers(&[("content-type", "application/cloudevents+json; charset=utf-8")])),
+            detect(&headers(&[(
+                "content-type",
+                "application/cloudevents+json; charset=utf-8"
+            )])),
             Detected::Structured
         );
         assert_eq!(
-            detect(&headers(&[("content-type", "application/cloudevents-batch+json")])),
+            detect(&headers(&[(
+                "content-type",
+                "application/cloudevents-batch+json"
+            )])),
             Detected::Batched
         );
         assert_eq!(
-            detect(&headers(&[("ce-specversion", "1.0"), ("content-type", "application/json")])),
+            detect(&headers(&[
+                ("ce-specversion", "1.0"),
+                ("content-type", "application/json")
+            ])),
             Detected::Binary
         );
-        assert_eq!(detect(&headers(&[("content-type", "application/json")])), Detected::Plain);
+        assert_eq!(
+            detect(&headers(&[("content-type", "application/json")])),
+            Detected::Plain
+        );
     }
 
     #[test]
@@ -282,7 +304,10 @@ mod tests {
             .with_subject("sub/ject")
             .with_time(Timestamp::parse("2018-04-05T03:56:24Z").unwrap())
             .with_json(&br#"{"a":"b"}"#[..]);
-        e.set_extension("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        e.set_extension(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        );
         e.set_extension("comexampleext", "ü");
         let mut h = HeaderMap::new();
         encode_binary_headers(&e, &mut h);

@@ -16,12 +16,19 @@ pub fn decode(headers: &[(&str, &[u8])], payload: Option<Bytes>) -> Result<Event
             .map(str::to_owned)
             .map_err(|_| EventError(format!("header {name} is not UTF-8")))
     };
-    let content_type = get("content-type").map(|v| utf8("content-type", v)).transpose()?;
+    let content_type = get("content-type")
+        .map(|v| utf8("content-type", v))
+        .transpose()?;
     if let Some(ct) = &content_type {
-        if ct.to_ascii_lowercase().starts_with("application/cloudevents") {
+        if ct
+            .to_ascii_lowercase()
+            .starts_with("application/cloudevents")
+        {
             let essence = ct.split(';').next().unwrap_or("").trim();
             if !essence.eq_ignore_ascii_case(STRUCTURED_CONTENT_TYPE) {
-                return Err(EventError(format!("structured format {essence:?} is not supported")));
+                return Err(EventError(format!(
+                    "structured format {essence:?} is not supported"
+                )));
             }
             return format::decode_event(&payload.unwrap_or_default());
         }
@@ -29,7 +36,9 @@ pub fn decode(headers: &[(&str, &[u8])], payload: Option<Bytes>) -> Result<Event
     let mut event = Event::new(String::new(), String::new(), String::new());
     let mut specversion = None;
     for (name, value) in headers {
-        let Some(attr) = name.strip_prefix("ce_") else { continue };
+        let Some(attr) = name.strip_prefix("ce_") else {
+            continue;
+        };
         let v = utf8(name, value)?;
         match attr {
             "specversion" => specversion = Some(v),
@@ -64,7 +73,10 @@ pub fn decode(headers: &[(&str, &[u8])], payload: Option<Bytes>) -> Result<Event
 /// tombstone on a compacted topic).
 pub fn encode_binary_headers(event: &Event) -> Vec<(String, Vec<u8>)> {
     let mut h = vec![
-        ("ce_specversion".to_owned(), SPEC_VERSION.as_bytes().to_vec()),
+        (
+            "ce_specversion".to_owned(),
+            SPEC_VERSION.as_bytes().to_vec(),
+        ),
         ("ce_id".to_owned(), event.id.as_bytes().to_vec()),
         ("ce_source".to_owned(), event.source.as_bytes().to_vec()),
         ("ce_type".to_owned(), event.ty.as_bytes().to_vec()),
@@ -81,7 +93,10 @@ pub fn encode_binary_headers(event: &Event) -> Vec<(String, Vec<u8>)> {
         }
     }
     for (name, value) in &event.extensions {
-        h.push((format!("ce_{name}"), value.to_canonical().as_bytes().to_vec()));
+        h.push((
+            format!("ce_{name}"),
+            value.to_canonical().as_bytes().to_vec(),
+        ));
     }
     h
 }
@@ -95,7 +110,10 @@ mod tests {
         let mut e = Event::new("1", "/s", "t").with_json(&b"{\"a\":1}"[..]);
         e.set_extension("partitionkey", "k1");
         let headers = encode_binary_headers(&e);
-        let refs: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+        let refs: Vec<(&str, &[u8])> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
         let back = decode(&refs, e.data.as_bytes().cloned()).unwrap();
         assert_eq!(back, e);
     }

@@ -21,4 +21,6 @@ pub use contract::{
     SourceContext,
 };
 pub use event::{Data, Event, EventError, ExtValue, Timestamp};
-pub use pipeline::{Delivery, Outcome, Overloaded, Pending, SinkInput, SinkItem, SourceSender, Status};
+pub use pipeline::{
+    Delivery, Outcome, Overloaded, Pending, SinkInput, SinkItem, SourceSender, Status,
+};

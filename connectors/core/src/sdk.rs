@@ -63,9 +63,13 @@ impl TryFrom<&cloudevents::Event> for Event {
             let v = match value {
                 ExtensionValue::String(s) => ExtValue::String(s.clone()),
                 ExtensionValue::Boolean(b) => ExtValue::Boolean(*b),
-                ExtensionValue::Integer(i) => ExtValue::Integer(i32::try_from(*i).map_err(|_| {
-                    EventError(format!("extension {name:?}: {i} does not fit a 32-bit integer"))
-                })?),
+                ExtensionValue::Integer(i) => {
+                    ExtValue::Integer(i32::try_from(*i).map_err(|_| {
+                        EventError(format!(
+                            "extension {name:?}: {i} does not fit a 32-bit integer"
+                        ))
+                    })?)
+                }
             };
             out.extensions.push((name.to_owned(), v));
         }

@@ -103,7 +103,10 @@ impl SourceRig {
         SourceContext {
             name: name.into(),
             shutdown: self.shutdown.clone(),
-            sender: self.sender.take().expect("testkit: context() is taken once"),
+            sender: self
+                .sender
+                .take()
+                .expect("testkit: context() is taken once"),
             state: Some(self.state.clone() as Arc<dyn StateStore>),
             shared: Shared::default(),
         }
@@ -111,7 +114,9 @@ impl SourceRig {
 
     /// The capture sink (once).
     pub fn capture(&mut self) -> Capture {
-        self.capture.take().expect("testkit: capture() is taken once")
+        self.capture
+            .take()
+            .expect("testkit: capture() is taken once")
     }
 }
 
@@ -206,7 +211,12 @@ pub struct SinkRig {
 impl SinkRig {
     pub fn new(sink: &str) -> Self {
         metrics();
-        let mut built = pipeline::build(&spec(&format!("{sink}-feed"), sink, 10_000, WhenFull::Block));
+        let mut built = pipeline::build(&spec(
+            &format!("{sink}-feed"),
+            sink,
+            10_000,
+            WhenFull::Block,
+        ));
         SinkRig {
             shutdown: CancellationToken::new(),
             state: Arc::new(MemoryStateStore::default()),
@@ -263,5 +273,8 @@ pub fn assert_sink_telemetry(sink: &str, delivered: u64, failures: u64) {
         &format!("{}_count", crate::telemetry::DELIVERY_LATENCY),
         &[("sink", sink)],
     );
-    assert_eq!(count, delivered as f64, "latency recorded once per delivered event");
+    assert_eq!(
+        count, delivered as f64,
+        "latency recorded once per delivered event"
+    );
 }

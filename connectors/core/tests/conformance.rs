@@ -42,7 +42,9 @@ fn sample(id: &str) -> Event {
         "minimalWithTime" => Event::new("minimalWithTime", SRC, TY).with_time(t()),
         "minimalWithRelativeSource" => Event::new("minimalWithRelativeSource", "#fragment", TY),
         "allCore" => {
-            let mut e = Event::new("allCore", SRC, TY).with_subject("tests").with_time(t());
+            let mut e = Event::new("allCore", SRC, TY)
+                .with_subject("tests")
+                .with_time(t());
             e.datacontenttype = Some("text/plain".into());
             e.dataschema = Some("https://cloudevents.io/dataschema".into());
             e
@@ -95,7 +97,10 @@ fn json_valid_events() {
             .unwrap_or_else(|err| panic!("{}: rejected a valid event: {err}", t["id"]));
         same(e.clone(), sample(t["sampleId"].as_str().unwrap()));
         // And our encoding decodes to the same event.
-        same(format::decode_event(&Bytes::from(format::encode_event(&e))).unwrap(), e);
+        same(
+            format::decode_event(&Bytes::from(format::encode_event(&e))).unwrap(),
+            e,
+        );
     }
 }
 
@@ -135,7 +140,11 @@ fn json_invalid_batches() {
     assert_eq!(tests.len(), 3);
     for t in tests {
         let bytes = Bytes::from(serde_json::to_vec(&t["batch"]).unwrap());
-        assert!(format::decode_batch(&bytes).is_err(), "{}: accepted", t["id"]);
+        assert!(
+            format::decode_batch(&bytes).is_err(),
+            "{}: accepted",
+            t["id"]
+        );
     }
 }
 
@@ -193,14 +202,20 @@ fn http_binding_scenarios() {
             ("ce-source", "/mycontext/subcontext"),
             ("content-type", ct),
         ] {
-            h.insert(HeaderName::from_static(k), HeaderValue::from_str(v).unwrap());
+            h.insert(
+                HeaderName::from_static(k),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         let events = http_binding::decode_request(&h, Bytes::from_static(SCENARIO_BODY.as_bytes()))
             .unwrap()
             .unwrap();
         scenario_attrs(&events[0], ct);
     }
-    for ct in ["application/cloudevents+json", "application/cloudevents+json; charset=utf-8"] {
+    for ct in [
+        "application/cloudevents+json",
+        "application/cloudevents+json; charset=utf-8",
+    ] {
         let mut h = HeaderMap::new();
         h.insert("content-type", HeaderValue::from_str(ct).unwrap());
         let events =
@@ -221,13 +236,22 @@ fn kafka_binding_scenarios() {
         ("ce_time", b"2018-04-05T03:56:24Z"),
         ("content-type", b"application/json"),
     ];
-    let e = kafka_binding::decode(&headers, Some(Bytes::from_static(b"{\"message\": \"Hello World!\"}")))
-        .unwrap();
+    let e = kafka_binding::decode(
+        &headers,
+        Some(Bytes::from_static(b"{\"message\": \"Hello World!\"}")),
+    )
+    .unwrap();
     scenario_attrs(&e, "application/json");
-    for ct in ["application/cloudevents+json", "application/cloudevents+json; charset=utf-8"] {
+    for ct in [
+        "application/cloudevents+json",
+        "application/cloudevents+json; charset=utf-8",
+    ] {
         let headers: Vec<(&str, &[u8])> = vec![("content-type", ct.as_bytes())];
-        let e = kafka_binding::decode(&headers, Some(Bytes::from_static(SCENARIO_STRUCTURED.as_bytes())))
-            .unwrap();
+        let e = kafka_binding::decode(
+            &headers,
+            Some(Bytes::from_static(SCENARIO_STRUCTURED.as_bytes())),
+        )
+        .unwrap();
         scenario_attrs(&e, "application/json");
     }
 }
@@ -237,7 +261,10 @@ fn rich_event() -> Event {
         .with_subject("orders/42")
         .with_time(Timestamp::parse("2024-05-06T07:08:09.123Z").unwrap())
         .with_json(&br#"{"n":1,"s":"x"}"#[..]);
-    e.set_extension("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+    e.set_extension(
+        "traceparent",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    );
     e.set_extension("comexample", "plain-value");
     e
 }
@@ -250,16 +277,19 @@ fn sdk_cross_check_http_binary() {
     let mut headers = HeaderMap::new();
     http_binding::encode_binary_headers(&ours, &mut headers);
     let body = http_binding::binary_body(&ours).to_vec();
-    let theirs = cloudevents::binding::http::to_event(&headers, body).expect("the SDK reads our encoding");
+    let theirs =
+        cloudevents::binding::http::to_event(&headers, body).expect("the SDK reads our encoding");
     same(Event::try_from(&theirs).unwrap(), ours.clone());
 
     let sdk_event = cloudevents::Event::try_from(&ours).unwrap();
-    let (headers, body) = <cloudevents::Event as cloudevents::message::BinaryDeserializer>::deserialize_binary(
-        sdk_event,
-        cloudevents::binding::http::Serializer::new(Collect::default()),
-    )
-    .unwrap();
-    let decoded = http_binding::decode_binary(&headers, Bytes::from(body)).expect("we read the SDK's encoding");
+    let (headers, body) =
+        <cloudevents::Event as cloudevents::message::BinaryDeserializer>::deserialize_binary(
+            sdk_event,
+            cloudevents::binding::http::Serializer::new(Collect::default()),
+        )
+        .unwrap();
+    let decoded = http_binding::decode_binary(&headers, Bytes::from(body))
+        .expect("we read the SDK's encoding");
     same(decoded, ours);
 }
 
@@ -274,7 +304,10 @@ fn sdk_does_not_percent_decode_headers() {
     http_binding::encode_binary_headers(&ours, &mut headers);
     assert_eq!(headers["ce-id"], "id%20with%20spaces%20%E2%82%AC");
     let theirs = cloudevents::binding::http::to_event(&headers, Vec::new()).unwrap();
-    assert_eq!(cloudevents::event::AttributesReader::id(&theirs), "id%20with%20spaces%20%E2%82%AC");
+    assert_eq!(
+        cloudevents::event::AttributesReader::id(&theirs),
+        "id%20with%20spaces%20%E2%82%AC"
+    );
     let ours_back = http_binding::decode_binary(&headers, Bytes::new()).unwrap();
     assert_eq!(ours_back.id, "id with spaces €");
 }
@@ -285,7 +318,8 @@ struct Collect(HeaderMap);
 
 impl cloudevents::binding::http::Builder<(HeaderMap, Vec<u8>)> for Collect {
     fn header(&mut self, key: &str, value: HeaderValue) {
-        self.0.insert(HeaderName::from_bytes(key.as_bytes()).unwrap(), value);
+        self.0
+            .insert(HeaderName::from_bytes(key.as_bytes()).unwrap(), value);
     }
     fn body(&mut self, bytes: Vec<u8>) -> cloudevents::message::Result<(HeaderMap, Vec<u8>)> {
         Ok((std::mem::take(&mut self.0), bytes))

@@ -53,9 +53,15 @@ impl AuthConfig {
             return Err("auth: give `bearer` tokens or `basic` credentials".into());
         }
         if self.bearer.iter().any(String::is_empty) {
-            return Err("auth.bearer: a token is empty (is its environment variable or file empty?)".into());
+            return Err(
+                "auth.bearer: a token is empty (is its environment variable or file empty?)".into(),
+            );
         }
-        if self.basic.iter().any(|c| c.username.is_empty() || c.password.is_empty()) {
+        if self
+            .basic
+            .iter()
+            .any(|c| c.username.is_empty() || c.password.is_empty())
+        {
             return Err("auth.basic: username and password must not be empty".into());
         }
         Ok(())
@@ -108,13 +114,21 @@ impl Auth {
             None => return Err("malformed Authorization header"),
         };
         if scheme.eq_ignore_ascii_case(b"bearer") && !self.bearer.is_empty() {
-            return if ct_any(&self.bearer, rest) { Ok(()) } else { Err("invalid bearer token") };
+            return if ct_any(&self.bearer, rest) {
+                Ok(())
+            } else {
+                Err("invalid bearer token")
+            };
         }
         if scheme.eq_ignore_ascii_case(b"basic") && !self.basic.is_empty() {
             let decoded = base64::engine::general_purpose::STANDARD
                 .decode(rest)
                 .map_err(|_| "malformed basic credentials")?;
-            return if ct_any(&self.basic, &decoded) { Ok(()) } else { Err("invalid credentials") };
+            return if ct_any(&self.basic, &decoded) {
+                Ok(())
+            } else {
+                Err("invalid credentials")
+            };
         }
         Err("unsupported Authorization scheme")
     }
@@ -132,7 +146,10 @@ mod tests {
 
     #[test]
     fn bearer_rotation() {
-        let a = Auth::new(&AuthConfig { bearer: vec!["old".into(), "new".into()], basic: vec![] });
+        let a = Auth::new(&AuthConfig {
+            bearer: vec!["old".into(), "new".into()],
+            basic: vec![],
+        });
         assert!(a.check(&headers("Bearer old")).is_ok());
         assert!(a.check(&headers("bearer new")).is_ok());
         assert!(a.check(&headers("Bearer nope")).is_err());
@@ -144,7 +161,10 @@ mod tests {
     fn basic() {
         let a = Auth::new(&AuthConfig {
             bearer: vec![],
-            basic: vec![BasicCredentials { username: "u".into(), password: "p:w".into() }],
+            basic: vec![BasicCredentials {
+                username: "u".into(),
+                password: "p:w".into(),
+            }],
         });
         let ok = base64::engine::general_purpose::STANDARD.encode("u:p:w");
         assert!(a.check(&headers(&format!("Basic {ok}"))).is_ok());

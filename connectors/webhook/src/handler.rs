@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::header::{
+    HeaderName, HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
+};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
@@ -63,7 +65,11 @@ pub(crate) fn extension_name(header: &str) -> String {
 impl Route {
     pub(crate) fn new(cfg: WebhookConfig, ctx: &SourceContext) -> Result<Route, String> {
         let methods: Vec<http::Method> = cfg.methods.iter().map(|m| m.as_http()).collect();
-        let allow = methods.iter().map(http::Method::as_str).collect::<Vec<_>>().join(", ");
+        let allow = methods
+            .iter()
+            .map(http::Method::as_str)
+            .collect::<Vec<_>>()
+            .join(", ");
         let id_headers = cfg
             .id_headers
             .iter()
@@ -105,10 +111,13 @@ impl Route {
             format: cfg.format,
             ty: cfg.event_type.clone().unwrap_or_else(|| "webhook".into()),
             source: cfg.event_source.clone().unwrap_or_else(|| name.clone()),
-            subject: cfg.event_subject.clone().unwrap_or_else(|| match cfg.format {
-                Format::Cloudevents => cfg.path.clone(),
-                Format::Argo => name.clone(),
-            }),
+            subject: cfg
+                .event_subject
+                .clone()
+                .unwrap_or_else(|| match cfg.format {
+                    Format::Cloudevents => cfg.path.clone(),
+                    Format::Argo => name.clone(),
+                }),
             header_ext,
             allowed_origins: cfg.allowed_origins.clone(),
             metadata,
@@ -139,13 +148,17 @@ fn reply(status: StatusCode, body: impl Into<Bytes>) -> Resp {
 
 /// `{"error": "..."}` with `status`.
 fn error(status: StatusCode, msg: &str) -> Resp {
-    let body = format!("{{\"error\":{}}}", serde_json::Value::String(msg.to_owned()));
+    let body = format!(
+        "{{\"error\":{}}}",
+        serde_json::Value::String(msg.to_owned())
+    );
     reply(status, body)
 }
 
 fn retry_later(msg: &str) -> Resp {
     let mut r = error(StatusCode::SERVICE_UNAVAILABLE, msg);
-    r.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    r.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
     r
 }
 
@@ -176,7 +189,10 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
         return handshake(route, &parts.headers);
     }
     if !route.methods.contains(&parts.method) {
-        let mut r = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here; see the Allow header");
+        let mut r = error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed here; see the Allow header",
+        );
         r.headers_mut().insert(ALLOW, route.allow.clone());
         return r;
     }
@@ -184,7 +200,8 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
         if let Err(reason) = auth.check(&parts.headers) {
             route.telemetry.rejected("unauthorized", 1);
             let mut r = error(StatusCode::UNAUTHORIZED, reason);
-            r.headers_mut().insert(WWW_AUTHENTICATE, auth.challenge.clone());
+            r.headers_mut()
+                .insert(WWW_AUTHENTICATE, auth.challenge.clone());
             return r;
         }
     }
@@ -201,21 +218,33 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > route.max_body) {
         route.telemetry.rejected("too_large", 1);
-        return close(error(StatusCode::PAYLOAD_TOO_LARGE, "body larger than max_body"));
+        return close(error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body larger than max_body",
+        ));
     }
     let limited = Limited::new(body, route.max_body as usize);
     let body = match tokio::time::timeout(route.body_timeout, limited.collect()).await {
         Err(_) => {
             route.telemetry.rejected("body_timeout", 1);
-            return close(error(StatusCode::REQUEST_TIMEOUT, "the body did not arrive within body_timeout"));
+            return close(error(
+                StatusCode::REQUEST_TIMEOUT,
+                "the body did not arrive within body_timeout",
+            ));
         }
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
             route.telemetry.rejected("too_large", 1);
-            return close(error(StatusCode::PAYLOAD_TOO_LARGE, "body larger than max_body"));
+            return close(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body larger than max_body",
+            ));
         }
         Ok(Err(e)) => {
             route.telemetry.rejected("bad_body", 1);
-            return close(error(StatusCode::BAD_REQUEST, &format!("could not read the body: {e}")));
+            return close(error(
+                StatusCode::BAD_REQUEST,
+                &format!("could not read the body: {e}"),
+            ));
         }
         Ok(Ok(c)) => c.to_bytes(),
     };
@@ -239,7 +268,11 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
     if n == 0 {
         return reply(StatusCode::OK, "{\"status\":\"delivered\",\"events\":0}");
     }
-    let pending = match route.sender.send_timeout(events, route.accept_timeout).await {
+    let pending = match route
+        .sender
+        .send_timeout(events, route.accept_timeout)
+        .await
+    {
         Ok(p) => p,
         Err(_) => {
             route.telemetry.rejected("overloaded", n as u64);
@@ -247,7 +280,10 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
         }
     };
     if route.ack == AckMode::Accepted {
-        return reply(StatusCode::ACCEPTED, format!("{{\"status\":\"accepted\",\"events\":{n}}}"));
+        return reply(
+            StatusCode::ACCEPTED,
+            format!("{{\"status\":\"accepted\",\"events\":{n}}}"),
+        );
     }
     let outcome = match tokio::time::timeout(route.ack_timeout, pending).await {
         Ok(o) => o,
@@ -271,7 +307,10 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
         )),
         Status::Rejected => error(
             StatusCode::UNPROCESSABLE_ENTITY,
-            &format!("rejected: {}", outcome.reason.as_deref().unwrap_or("rejected")),
+            &format!(
+                "rejected: {}",
+                outcome.reason.as_deref().unwrap_or("rejected")
+            ),
         ),
     }
 }
@@ -293,7 +332,8 @@ fn handshake(route: &Route, headers: &HeaderMap) -> Resp {
         return error(StatusCode::FORBIDDEN, "origin not in allowed_origins");
     }
     let mut r = reply(StatusCode::OK, Bytes::new());
-    r.headers_mut().insert("webhook-allowed-origin", origin.clone());
+    r.headers_mut()
+        .insert("webhook-allowed-origin", origin.clone());
     r.headers_mut()
         .insert("webhook-allowed-rate", HeaderValue::from_static("*"));
     r.headers_mut().insert(ALLOW, route.allow.clone());
@@ -353,12 +393,18 @@ fn plain_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Resu
         .with_subject(route.subject.clone())
         .with_time(Timestamp::now());
     if is_get {
-        e = e.with_data(Some("application/json".into()), Data::Json(form_json(query)));
+        e = e.with_data(
+            Some("application/json".into()),
+            Data::Json(form_json(query)),
+        );
     } else if !body.is_empty() || parts.headers.contains_key(CONTENT_TYPE) {
         let ct = match parts.headers.get(CONTENT_TYPE) {
             Some(v) => {
                 let ct = v.to_str().map_err(|_| {
-                    (StatusCode::BAD_REQUEST, "Content-Type is not visible ASCII".to_owned())
+                    (
+                        StatusCode::BAD_REQUEST,
+                        "Content-Type is not visible ASCII".to_owned(),
+                    )
                 })?;
                 check_media_type(ct).map_err(|e| (StatusCode::BAD_REQUEST, e.0))?;
                 Some(ct.to_owned())
@@ -369,8 +415,12 @@ fn plain_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Resu
         e = e.with_data(ct, data);
     }
     add_extensions(route, &parts.headers, &mut e);
-    e.validate()
-        .map_err(|err| (StatusCode::BAD_REQUEST, format!("cannot make a CloudEvent: {err}")))?;
+    e.validate().map_err(|err| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("cannot make a CloudEvent: {err}"),
+        )
+    })?;
     Ok(e)
 }
 
@@ -379,7 +429,11 @@ fn canonical(name: &str) -> String {
     let mut up = true;
     name.chars()
         .map(|c| {
-            let out = if up { c.to_ascii_uppercase() } else { c.to_ascii_lowercase() };
+            let out = if up {
+                c.to_ascii_uppercase()
+            } else {
+                c.to_ascii_lowercase()
+            };
             up = c == '-';
             out
         })
@@ -418,7 +472,8 @@ fn argo_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Resul
     };
     let mut data = Vec::with_capacity(body_json.len() + 256);
     data.extend_from_slice(b"{\"header\":");
-    serde_json::to_writer(&mut data, &headers).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    serde_json::to_writer(&mut data, &headers)
+        .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
     data.extend_from_slice(b",\"body\":");
     data.extend_from_slice(&body_json);
     data.extend_from_slice(b",\"metadata\":");
@@ -429,8 +484,12 @@ fn argo_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Resul
         .with_time(Timestamp::now())
         .with_json(data);
     add_extensions(route, &parts.headers, &mut e);
-    e.validate()
-        .map_err(|err| (StatusCode::BAD_REQUEST, format!("cannot make a CloudEvent: {err}")))?;
+    e.validate().map_err(|err| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("cannot make a CloudEvent: {err}"),
+        )
+    })?;
     Ok(e)
 }
 
@@ -452,7 +511,10 @@ mod tests {
 
     #[test]
     fn query_as_json() {
-        assert_eq!(&form_json(b"a=1&a=2&b=x%20y")[..], br#"{"a":["1","2"],"b":["x y"]}"#);
+        assert_eq!(
+            &form_json(b"a=1&a=2&b=x%20y")[..],
+            br#"{"a":["1","2"],"b":["x y"]}"#
+        );
         assert_eq!(&form_json(b"")[..], b"{}");
     }
 }

@@ -168,9 +168,14 @@ fn default_ack_timeout() -> Duration {
     Duration::from_secs(30)
 }
 fn default_id_headers() -> Vec<String> {
-    ["Idempotency-Key", "webhook-id", "X-GitHub-Delivery", "X-Gitlab-Event-UUID"]
-        .map(String::from)
-        .to_vec()
+    [
+        "Idempotency-Key",
+        "webhook-id",
+        "X-GitHub-Delivery",
+        "X-Gitlab-Event-UUID",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 fn default_header_timeout() -> Duration {
     Duration::from_secs(10)
@@ -238,7 +243,10 @@ impl SourceConfig for WebhookConfig {
         Ok(())
     }
 
-    fn build(self: Box<Self>, ctx: SourceContext) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+    fn build(
+        self: Box<Self>,
+        ctx: SourceContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
         Box::pin(async move {
             let settings = self.listener_settings();
             let listen = self.listen;

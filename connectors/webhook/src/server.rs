@@ -69,7 +69,11 @@ impl Listeners {
             .map_err(|e| format!("cannot listen on {addr}: {e} (change `listen`)"))?;
         let bound = tcp.local_addr().unwrap_or(addr);
         let tls = match &settings.tls {
-            Some(t) => Some(Reloading::start(t.clone(), Duration::from_secs(2), shutdown.clone())?),
+            Some(t) => Some(Reloading::start(
+                t.clone(),
+                Duration::from_secs(2),
+                shutdown.clone(),
+            )?),
             None => None,
         };
         let listener = Arc::new(Listener {
@@ -123,7 +127,12 @@ impl Listener {
     }
 }
 
-async fn serve(listener: Arc<Listener>, tcp: TcpListener, tls: Option<Reloading>, shutdown: CancellationToken) {
+async fn serve(
+    listener: Arc<Listener>,
+    tcp: TcpListener,
+    tls: Option<Reloading>,
+    shutdown: CancellationToken,
+) {
     let connections = Arc::new(Semaphore::new(listener.settings.max_connections));
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());

@@ -35,7 +35,10 @@ pub fn load_server_config(cfg: &TlsConfig) -> Result<Arc<ServerConfig>, String> 
         .and_then(|it| it.collect::<Result<_, _>>())
         .map_err(|e| format!("tls.cert {}: {e}", cfg.cert.display()))?;
     if certs.is_empty() {
-        return Err(format!("tls.cert {}: no certificate found", cfg.cert.display()));
+        return Err(format!(
+            "tls.cert {}: no certificate found",
+            cfg.cert.display()
+        ));
     }
     let key = PrivateKeyDer::from_pem_file(&cfg.key)
         .map_err(|e| format!("tls.key {}: {e}", cfg.key.display()))?;
@@ -45,9 +48,13 @@ pub fn load_server_config(cfg: &TlsConfig) -> Result<Arc<ServerConfig>, String> 
     let builder = match &cfg.client_ca {
         Some(ca) => {
             let mut roots = RootCertStore::empty();
-            for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("tls.client_ca {}: {e}", ca.display()))? {
+            for c in CertificateDer::pem_file_iter(ca)
+                .map_err(|e| format!("tls.client_ca {}: {e}", ca.display()))?
+            {
                 let c = c.map_err(|e| format!("tls.client_ca {}: {e}", ca.display()))?;
-                roots.add(c).map_err(|e| format!("tls.client_ca {}: {e}", ca.display()))?;
+                roots
+                    .add(c)
+                    .map_err(|e| format!("tls.client_ca {}: {e}", ca.display()))?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                 .build()
@@ -78,7 +85,11 @@ pub struct Reloading {
 }
 
 impl Reloading {
-    pub fn start(cfg: TlsConfig, every: std::time::Duration, stop: CancellationToken) -> Result<Self, String> {
+    pub fn start(
+        cfg: TlsConfig,
+        every: std::time::Duration,
+        stop: CancellationToken,
+    ) -> Result<Self, String> {
         let first = load_server_config(&cfg)?;
         let current = Arc::new(ArcSwap::new(first));
         let swap = current.clone();
@@ -100,7 +111,9 @@ impl Reloading {
                         tracing::info!(cert = %cfg.cert.display(), "webhook: TLS certificate reloaded");
                     }
                     // A half-written file: keep serving the old certificate, try again later.
-                    Err(e) => tracing::warn!(error = %e, "webhook: TLS files changed but cannot be loaded yet; keeping the old certificate"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "webhook: TLS files changed but cannot be loaded yet; keeping the old certificate")
+                    }
                 }
             }
         });

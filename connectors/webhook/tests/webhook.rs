@@ -38,10 +38,18 @@ async fn start_with(name: &str, mut cfg: Value, queue: usize) -> Hook {
     let mut rig = SourceRig::with_queue(name, queue, WhenFull::Block);
     let config: WebhookConfig = serde_json::from_value(cfg).expect("test config");
     config.validate(name).expect("valid test config");
-    let running = Box::new(config).build(rig.context(name)).await.expect("builds");
+    let running = Box::new(config)
+        .build(rig.context(name))
+        .await
+        .expect("builds");
     let task = tokio::spawn(running);
     let capture = Some(rig.capture());
-    Hook { addr, rig, capture, task }
+    Hook {
+        addr,
+        rig,
+        capture,
+        task,
+    }
 }
 
 async fn start(name: &str, cfg: Value) -> Hook {
@@ -64,17 +72,32 @@ async fn send_on<S>(io: S, req: Request<Full<Bytes>>) -> Reply
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .unwrap();
     tokio::spawn(conn);
     let resp = sender.send_request(req).await.unwrap();
     let status = resp.status();
     let headers = resp.headers().clone();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
-    Reply { status, headers, body }
+    Reply {
+        status,
+        headers,
+        body,
+    }
 }
 
-async fn call(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
-    let mut req = Request::builder().method(method).uri(path).header("host", "localhost");
+async fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost");
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -88,16 +111,30 @@ async fn post(addr: SocketAddr, headers: &[(&str, &str)], body: &[u8]) -> Reply 
 
 #[tokio::test]
 async fn plain_post_becomes_a_cloudevent() {
-    let mut h = start("plain", json!({"path": "/orders", "methods": ["POST", "PUT"],
-        "header_extensions": ["X-Tenant"]})).await;
+    let mut h = start(
+        "plain",
+        json!({"path": "/orders", "methods": ["POST", "PUT"],
+        "header_extensions": ["X-Tenant"]}),
+    )
+    .await;
     let got = h.capture.take().unwrap().auto(Status::Delivered);
-    let r = call(h.addr, "POST", "/orders", &[
-        ("content-type", "application/json"),
-        ("idempotency-key", "order-1"),
-        ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
-        ("x-tenant", "acme"),
-        ("authorization", "Bearer not-configured-here"),
-    ], br#"{"amount":10}"#).await;
+    let r = call(
+        h.addr,
+        "POST",
+        "/orders",
+        &[
+            ("content-type", "application/json"),
+            ("idempotency-key", "order-1"),
+            (
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+            ("x-tenant", "acme"),
+            ("authorization", "Bearer not-configured-here"),
+        ],
+        br#"{"amount":10}"#,
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
     assert_eq!(r.json()["status"], "delivered");
     let e = &got.wait_for(1).await[0];
@@ -106,41 +143,93 @@ async fn plain_post_becomes_a_cloudevent() {
     assert_eq!(e.source, "plain");
     assert_eq!(e.subject.as_deref(), Some("/orders"));
     assert_eq!(e.datacontenttype.as_deref(), Some("application/json"));
-    assert_eq!(e.data, sluice_core::Data::Json(Bytes::from_static(br#"{"amount":10}"#)));
+    assert_eq!(
+        e.data,
+        sluice_core::Data::Json(Bytes::from_static(br#"{"amount":10}"#))
+    );
     assert!(e.time.is_some());
-    assert_eq!(e.extension("traceparent").map(|v| v.to_string()).as_deref(),
-        Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"));
-    assert_eq!(e.extension("xtenant"), Some(&ExtValue::String("acme".into())));
+    assert_eq!(
+        e.extension("traceparent").map(|v| v.to_string()).as_deref(),
+        Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    );
+    assert_eq!(
+        e.extension("xtenant"),
+        Some(&ExtValue::String("acme".into()))
+    );
     let encoded = String::from_utf8(format::encode_event(e)).unwrap();
-    assert!(!encoded.contains("not-configured-here"), "the Authorization value never reaches the event");
+    assert!(
+        !encoded.contains("not-configured-here"),
+        "the Authorization value never reaches the event"
+    );
     // PUT is configured too; non-JSON bodies are kept as bytes.
-    let r = call(h.addr, "PUT", "/orders", &[("content-type", "text/plain")], b"hello").await;
+    let r = call(
+        h.addr,
+        "PUT",
+        "/orders",
+        &[("content-type", "text/plain")],
+        b"hello",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK);
     let e = &got.wait_for(2).await[1];
-    assert_eq!(e.data, sluice_core::Data::Binary(Bytes::from_static(b"hello")));
-    assert_eq!(uuid::Uuid::parse_str(&e.id).unwrap().get_version_num(), 7, "uuid v7 fallback id");
+    assert_eq!(
+        e.data,
+        sluice_core::Data::Binary(Bytes::from_static(b"hello"))
+    );
+    assert_eq!(
+        uuid::Uuid::parse_str(&e.id).unwrap().get_version_num(),
+        7,
+        "uuid v7 fallback id"
+    );
     assert_source_telemetry("plain", 2);
-    assert_eq!(metric("sluice_webhook_responses_total", &[("source", "plain"), ("status", "200")]), 2.0);
+    assert_eq!(
+        metric(
+            "sluice_webhook_responses_total",
+            &[("source", "plain"), ("status", "200")]
+        ),
+        2.0
+    );
     drop(h.rig);
 }
 
 #[tokio::test]
 async fn status_codes_for_routing() {
     let h = start("routing", json!({"path": "/hook"})).await;
-    assert_eq!(call(h.addr, "POST", "/nope", &[], b"").await.status, StatusCode::NOT_FOUND);
-    assert_eq!(call(h.addr, "POST", "/hook/", &[], b"").await.status, StatusCode::NOT_FOUND, "no trailing-slash folding");
+    assert_eq!(
+        call(h.addr, "POST", "/nope", &[], b"").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(h.addr, "POST", "/hook/", &[], b"").await.status,
+        StatusCode::NOT_FOUND,
+        "no trailing-slash folding"
+    );
     let r = call(h.addr, "DELETE", "/hook", &[], b"").await;
     assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(r.headers["allow"], "POST");
-    assert_eq!(call(h.addr, "GET", "/health", &[], b"").await.status, StatusCode::OK);
-    let r = call(h.addr, "POST", "/hook", &[("content-type", "not a media type")], b"x").await;
+    assert_eq!(
+        call(h.addr, "GET", "/health", &[], b"").await.status,
+        StatusCode::OK
+    );
+    let r = call(
+        h.addr,
+        "POST",
+        "/hook",
+        &[("content-type", "not a media type")],
+        b"x",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert!(r.json()["error"].as_str().unwrap().contains("media type"));
 }
 
 #[tokio::test]
 async fn get_query_becomes_json_data() {
-    let mut h = start("getq", json!({"methods": ["GET"], "id_fallback": "body-sha256"})).await;
+    let mut h = start(
+        "getq",
+        json!({"methods": ["GET"], "id_fallback": "body-sha256"}),
+    )
+    .await;
     let got = h.capture.take().unwrap().auto(Status::Delivered);
     let r = call(h.addr, "GET", "/?a=1&a=2&b=x%20y", &[], b"").await;
     assert_eq!(r.status, StatusCode::OK);
@@ -155,63 +244,145 @@ async fn incoming_cloudevents_pass_through_unchanged() {
     let mut h = start("ce", json!({})).await;
     let got = h.capture.take().unwrap().auto(Status::Delivered);
     // Binary mode.
-    let r = post(h.addr, &[
-        ("ce-specversion", "1.0"), ("ce-id", "b-1"), ("ce-source", "//upstream/x"),
-        ("ce-type", "com.example.thing"), ("ce-time", "2018-04-05T17:31:00+02:00"),
-        ("ce-myext", "v%20w"), ("content-type", "application/json"),
-    ], br#"{"k":1}"#).await;
+    let r = post(
+        h.addr,
+        &[
+            ("ce-specversion", "1.0"),
+            ("ce-id", "b-1"),
+            ("ce-source", "//upstream/x"),
+            ("ce-type", "com.example.thing"),
+            ("ce-time", "2018-04-05T17:31:00+02:00"),
+            ("ce-myext", "v%20w"),
+            ("content-type", "application/json"),
+        ],
+        br#"{"k":1}"#,
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
     // Structured mode.
     let structured = json!({"specversion": "1.0", "id": "s-1", "source": "urn:x", "type": "t.s",
         "subject": "sub", "comexample": 5, "data": {"z": true}});
-    let r = post(h.addr, &[("content-type", "application/cloudevents+json; charset=utf-8")],
-        structured.to_string().as_bytes()).await;
+    let r = post(
+        h.addr,
+        &[(
+            "content-type",
+            "application/cloudevents+json; charset=utf-8",
+        )],
+        structured.to_string().as_bytes(),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK);
     // Batched mode: one answer for all.
     let batch = json!([
         {"specversion": "1.0", "id": "m-1", "source": "/b", "type": "t.b"},
         {"specversion": "1.0", "id": "m-2", "source": "/b", "type": "t.b", "data_base64": "AAE="}
     ]);
-    let r = post(h.addr, &[("content-type", "application/cloudevents-batch+json")], batch.to_string().as_bytes()).await;
+    let r = post(
+        h.addr,
+        &[("content-type", "application/cloudevents-batch+json")],
+        batch.to_string().as_bytes(),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.json()["events"], 2);
     let events = got.wait_for(4).await;
     let b = &events[0];
-    assert_eq!((b.id.as_str(), b.source.as_str(), b.ty.as_str()), ("b-1", "//upstream/x", "com.example.thing"));
-    assert_eq!(b.time.as_ref().unwrap().as_str(), "2018-04-05T17:31:00+02:00", "time kept as sent");
+    assert_eq!(
+        (b.id.as_str(), b.source.as_str(), b.ty.as_str()),
+        ("b-1", "//upstream/x", "com.example.thing")
+    );
+    assert_eq!(
+        b.time.as_ref().unwrap().as_str(),
+        "2018-04-05T17:31:00+02:00",
+        "time kept as sent"
+    );
     assert_eq!(b.extension("myext"), Some(&ExtValue::String("v w".into())));
-    assert_eq!(b.subject, None, "no webhook attributes added to an incoming event");
+    assert_eq!(
+        b.subject, None,
+        "no webhook attributes added to an incoming event"
+    );
     let s = &events[1];
-    assert_eq!((s.id.as_str(), s.source.as_str(), s.subject.as_deref()), ("s-1", "urn:x", Some("sub")));
+    assert_eq!(
+        (s.id.as_str(), s.source.as_str(), s.subject.as_deref()),
+        ("s-1", "urn:x", Some("sub"))
+    );
     assert_eq!(s.extension("comexample"), Some(&ExtValue::Integer(5)));
     assert_eq!(&events[3].data.as_bytes().unwrap()[..], &[0, 1]);
     // Invalid CloudEvents get 400 with the reason.
-    let r = post(h.addr, &[("ce-specversion", "1.0"), ("ce-id", "x"), ("ce-type", "t")], b"").await;
+    let r = post(
+        h.addr,
+        &[("ce-specversion", "1.0"), ("ce-id", "x"), ("ce-type", "t")],
+        b"",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
-    assert!(r.json()["error"].as_str().unwrap().contains("ce-source"), "{:?}", r.json());
-    let r = post(h.addr, &[("content-type", "application/cloudevents+json")], br#"{"specversion":"1.0","id":"","source":"/","type":"t"}"#).await;
+    assert!(
+        r.json()["error"].as_str().unwrap().contains("ce-source"),
+        "{:?}",
+        r.json()
+    );
+    let r = post(
+        h.addr,
+        &[("content-type", "application/cloudevents+json")],
+        br#"{"specversion":"1.0","id":"","source":"/","type":"t"}"#,
+    )
+    .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(events.len(), 4);
 }
 
 #[tokio::test]
 async fn bearer_and_basic_auth() {
-    let mut h = start("auth", json!({"auth": {"bearer": ["old-token", "new-token"]}})).await;
+    let mut h = start(
+        "auth",
+        json!({"auth": {"bearer": ["old-token", "new-token"]}}),
+    )
+    .await;
     let got = h.capture.take().unwrap().auto(Status::Delivered);
     let r = post(h.addr, &[], b"{}").await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
     assert_eq!(r.headers["www-authenticate"], "Bearer realm=\"sluice\"");
-    assert_eq!(post(h.addr, &[("authorization", "Bearer wrong")], b"{}").await.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(post(h.addr, &[("authorization", "Bearer old-token")], b"{}").await.status, StatusCode::OK);
-    assert_eq!(post(h.addr, &[("authorization", "Bearer new-token")], b"{}").await.status, StatusCode::OK);
+    assert_eq!(
+        post(h.addr, &[("authorization", "Bearer wrong")], b"{}")
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        post(h.addr, &[("authorization", "Bearer old-token")], b"{}")
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post(h.addr, &[("authorization", "Bearer new-token")], b"{}")
+            .await
+            .status,
+        StatusCode::OK
+    );
     assert_eq!(got.wait_for(2).await.len(), 2);
-    assert_eq!(metric("sluice_events_rejected_total", &[("source", "auth"), ("reason", "unauthorized")]), 2.0);
+    assert_eq!(
+        metric(
+            "sluice_events_rejected_total",
+            &[("source", "auth"), ("reason", "unauthorized")]
+        ),
+        2.0
+    );
 
-    let mut h = start("basic", json!({"auth": {"basic": {"username": "u", "password": "p"}}, "format": "argo"})).await;
+    let mut h = start(
+        "basic",
+        json!({"auth": {"basic": {"username": "u", "password": "p"}}, "format": "argo"}),
+    )
+    .await;
     let got = h.capture.take().unwrap().auto(Status::Delivered);
     let r = post(h.addr, &[("authorization", "Basic dTpw")], b"{}").await;
     assert_eq!(r.status, StatusCode::OK);
-    assert_eq!(post(h.addr, &[("authorization", "Basic dTpx")], b"{}").await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        post(h.addr, &[("authorization", "Basic dTpx")], b"{}")
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
     let e = &got.wait_for(1).await[0];
     let data: Value = serde_json::from_slice(e.data.as_bytes().unwrap()).unwrap();
     assert!(data["header"].get("Authorization").is_none(), "{data}");
@@ -220,12 +391,27 @@ async fn bearer_and_basic_auth() {
 
 #[tokio::test]
 async fn argo_format_matches_argo_events() {
-    let mut h = start("argo-es", json!({"format": "argo", "subject": "example", "metadata": {"team": "a"}})).await;
+    let mut h = start(
+        "argo-es",
+        json!({"format": "argo", "subject": "example", "metadata": {"team": "a"}}),
+    )
+    .await;
     let got = h.capture.take().unwrap().auto(Status::Delivered);
-    let r = post(h.addr, &[("content-type", "application/json"), ("x-github-event", "push")], br#"{"message":"hi"}"#).await;
+    let r = post(
+        h.addr,
+        &[
+            ("content-type", "application/json"),
+            ("x-github-event", "push"),
+        ],
+        br#"{"message":"hi"}"#,
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK);
     let e = &got.wait_for(1).await[0];
-    assert_eq!((e.ty.as_str(), e.source.as_str(), e.subject.as_deref()), ("webhook", "argo-es", Some("example")));
+    assert_eq!(
+        (e.ty.as_str(), e.source.as_str(), e.subject.as_deref()),
+        ("webhook", "argo-es", Some("example"))
+    );
     assert_eq!(e.datacontenttype.as_deref(), Some("application/json"));
     let data: Value = serde_json::from_slice(e.data.as_bytes().unwrap()).unwrap();
     assert_eq!(data["body"], json!({"message": "hi"}));
@@ -245,7 +431,10 @@ async fn same_idempotency_key_twice_is_one_event() {
     assert_eq!(b.json()["duplicates"], 1);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(got.len(), 1, "one event out");
-    assert_eq!(metric("sluice_events_deduplicated_total", &[("source", "dedup")]), 1.0);
+    assert_eq!(
+        metric("sluice_events_deduplicated_total", &[("source", "dedup")]),
+        1.0
+    );
 }
 
 #[tokio::test]
@@ -259,7 +448,10 @@ async fn sink_failure_is_never_a_200_and_retry_goes_through() {
     let r = req.await.unwrap();
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.headers["retry-after"], "1");
-    assert!(r.json()["error"].as_str().unwrap().contains("downstream said no"));
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("downstream said no"));
     // The retry with the same id is forwarded again (not taken for a duplicate).
     let req = tokio::spawn(async move { post(addr, &[("idempotency-key", "f-1")], b"{}").await });
     let item = cap.next_within(Duration::from_secs(5)).await;
@@ -277,7 +469,10 @@ async fn ack_timeout_gives_503_then_the_retry_is_deduplicated() {
     // Still in flight: a retry is not forwarded, and not answered 200 yet.
     let r = post(h.addr, &[("idempotency-key", "t-1")], b"{}").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
-    cap.next_within(Duration::from_secs(1)).await.delivery.delivered();
+    cap.next_within(Duration::from_secs(1))
+        .await
+        .delivery
+        .delivered();
     let r = post(h.addr, &[("idempotency-key", "t-1")], b"{}").await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.json()["duplicates"], 1);
@@ -291,13 +486,21 @@ async fn ack_accepted_answers_202_once_queued() {
     let r = post(h.addr, &[], b"{}").await;
     assert_eq!(r.status, StatusCode::ACCEPTED);
     assert_eq!(cap.queued(), 1, "queued, not yet delivered");
-    cap.next_within(Duration::from_secs(1)).await.delivery.delivered();
+    cap.next_within(Duration::from_secs(1))
+        .await
+        .delivery
+        .delivered();
 }
 
 #[tokio::test]
 async fn load_shedding_when_the_sink_cannot_keep_up() {
     // A queue of 2 that nobody drains: the third request cannot be taken within accept_timeout.
-    let h = start_with("shed", json!({"ack": "accepted", "accept_timeout": "100ms"}), 2).await;
+    let h = start_with(
+        "shed",
+        json!({"ack": "accepted", "accept_timeout": "100ms"}),
+        2,
+    )
+    .await;
     for _ in 0..2 {
         assert_eq!(post(h.addr, &[], b"{}").await.status, StatusCode::ACCEPTED);
     }
@@ -310,12 +513,19 @@ async fn load_shedding_when_the_sink_cannot_keep_up() {
     let mut tasks = Vec::new();
     for _ in 0..50 {
         let addr = h.addr;
-        tasks.push(tokio::spawn(async move { post(addr, &[], b"{}").await.status }));
+        tasks.push(tokio::spawn(
+            async move { post(addr, &[], b"{}").await.status },
+        ));
     }
     for t in tasks {
         assert_eq!(t.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
     }
-    assert!(metric("sluice_events_rejected_total", &[("source", "shed"), ("reason", "overloaded")]) >= 51.0);
+    assert!(
+        metric(
+            "sluice_events_rejected_total",
+            &[("source", "shed"), ("reason", "overloaded")]
+        ) >= 51.0
+    );
     drop(h.capture);
 }
 
@@ -337,50 +547,101 @@ async fn oversized_body_is_refused_without_reading_it() {
     let h = start("big", json!({"max_body": "1KiB"})).await;
     // Content-Length says 10 MB, and we send only the headers: the answer comes at once.
     let mut s = TcpStream::connect(h.addr).await.unwrap();
-    s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 10485760\r\n\r\n0123").await.unwrap();
+    s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 10485760\r\n\r\n0123")
+        .await
+        .unwrap();
     let mut buf = vec![0u8; 1024];
-    let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await.unwrap().unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
     let head = String::from_utf8_lossy(&buf[..n]);
     assert!(head.starts_with("HTTP/1.1 413"), "{head}");
     // Chunked, no length: cut off once past the limit.
     let mut s = TcpStream::connect(h.addr).await.unwrap();
-    s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n").await.unwrap();
+    s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
     let chunk = vec![b'a'; 2048];
-    s.write_all(format!("{:x}\r\n", chunk.len()).as_bytes()).await.unwrap();
+    s.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+        .await
+        .unwrap();
     s.write_all(&chunk).await.unwrap();
     s.write_all(b"\r\n").await.unwrap();
-    let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await.unwrap().unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 413"));
 }
 
 #[tokio::test]
 async fn trickling_clients_are_cut_off() {
-    let h = start("slow", json!({"header_timeout": "300ms", "body_timeout": "300ms"})).await;
+    let h = start(
+        "slow",
+        json!({"header_timeout": "300ms", "body_timeout": "300ms"}),
+    )
+    .await;
     // Headers that never finish: the connection is closed.
     let mut s = TcpStream::connect(h.addr).await.unwrap();
-    s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
     let mut buf = vec![0u8; 1024];
     let started = Instant::now();
-    let r = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await.expect("cut off by header_timeout");
+    let r = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+        .await
+        .expect("cut off by header_timeout");
     assert!(started.elapsed() >= Duration::from_millis(250));
     match r {
         Ok(0) | Err(_) => {}
-        Ok(n) => assert!(String::from_utf8_lossy(&buf[..n]).contains("408"), "{}", String::from_utf8_lossy(&buf[..n])),
+        Ok(n) => assert!(
+            String::from_utf8_lossy(&buf[..n]).contains("408"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        ),
     }
     // A body that trickles: 408.
     let mut s = TcpStream::connect(h.addr).await.unwrap();
-    s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nabc").await.unwrap();
-    let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await.unwrap().unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"), "{}", String::from_utf8_lossy(&buf[..n]));
+    s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nabc")
+        .await
+        .unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
 }
 
 #[tokio::test]
 async fn webhook_handshake() {
-    let h = start("handshake", json!({"allowed_origins": ["eventgrid.azure.net"]})).await;
-    let r = call(h.addr, "OPTIONS", "/", &[("webhook-request-origin", "eventgrid.azure.net")], b"").await;
+    let h = start(
+        "handshake",
+        json!({"allowed_origins": ["eventgrid.azure.net"]}),
+    )
+    .await;
+    let r = call(
+        h.addr,
+        "OPTIONS",
+        "/",
+        &[("webhook-request-origin", "eventgrid.azure.net")],
+        b"",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.headers["webhook-allowed-origin"], "eventgrid.azure.net");
-    let r = call(h.addr, "OPTIONS", "/", &[("webhook-request-origin", "evil.example")], b"").await;
+    let r = call(
+        h.addr,
+        "OPTIONS",
+        "/",
+        &[("webhook-request-origin", "evil.example")],
+        b"",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
 }
 
@@ -390,26 +651,45 @@ async fn sources_share_a_listener_by_path() {
     let mut rig = SourceRig::new("shared-a");
     let ctx_a = rig.context("shared-a");
     let shared = ctx_a.shared.clone();
-    let a: WebhookConfig = serde_json::from_value(json!({"listen": addr.to_string(), "path": "/a"})).unwrap();
+    let a: WebhookConfig =
+        serde_json::from_value(json!({"listen": addr.to_string(), "path": "/a"})).unwrap();
     tokio::spawn(Box::new(a).build(ctx_a).await.unwrap());
     let mut rig_b = SourceRig::new("shared-b");
     let mut ctx_b = rig_b.context("shared-b");
     ctx_b.shared = shared.clone();
-    let b: WebhookConfig = serde_json::from_value(json!({"listen": addr.to_string(), "path": "/b"})).unwrap();
+    let b: WebhookConfig =
+        serde_json::from_value(json!({"listen": addr.to_string(), "path": "/b"})).unwrap();
     tokio::spawn(Box::new(b).build(ctx_b).await.unwrap());
     let got_a = rig.capture().auto(Status::Delivered);
     let got_b = rig_b.capture().auto(Status::Delivered);
-    assert_eq!(call(addr, "POST", "/a", &[], b"{}").await.status, StatusCode::OK);
-    assert_eq!(call(addr, "POST", "/b", &[], b"{}").await.status, StatusCode::OK);
-    assert_eq!(call(addr, "POST", "/b", &[], b"{}").await.status, StatusCode::OK);
-    assert_eq!((got_a.wait_for(1).await.len(), got_b.wait_for(2).await.len()), (1, 2));
+    assert_eq!(
+        call(addr, "POST", "/a", &[], b"{}").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(addr, "POST", "/b", &[], b"{}").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(addr, "POST", "/b", &[], b"{}").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        (got_a.wait_for(1).await.len(), got_b.wait_for(2).await.len()),
+        (1, 2)
+    );
     // The same path twice on one listener is refused.
     let mut rig_c = SourceRig::new("shared-c");
     let mut ctx_c = rig_c.context("shared-c");
     ctx_c.shared = shared;
-    let c: WebhookConfig = serde_json::from_value(json!({"listen": addr.to_string(), "path": "/a"})).unwrap();
+    let c: WebhookConfig =
+        serde_json::from_value(json!({"listen": addr.to_string(), "path": "/a"})).unwrap();
     let err = Box::new(c).build(ctx_c).await.err().expect("conflict");
-    assert!(err.to_string().contains("already served by webhook source `shared-a`"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("already served by webhook source `shared-a`"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -421,10 +701,21 @@ async fn shutdown_finishes_in_flight_requests() {
     let item = cap.next_within(Duration::from_secs(5)).await;
     h.rig.shutdown.cancel();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(TcpStream::connect(addr).await.is_err(), "no new connections after shutdown");
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "no new connections after shutdown"
+    );
     item.delivery.delivered();
-    assert_eq!(req.await.unwrap(), StatusCode::OK, "the accepted request is still answered");
-    tokio::time::timeout(Duration::from_secs(5), h.task).await.unwrap().unwrap().unwrap();
+    assert_eq!(
+        req.await.unwrap(),
+        StatusCode::OK,
+        "the accepted request is still answered"
+    );
+    tokio::time::timeout(Duration::from_secs(5), h.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }
 
 mod tls {
@@ -444,22 +735,40 @@ mod tls {
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
         let server_key = KeyPair::generate().unwrap();
-        let server = CertificateParams::new(vec!["localhost".to_string()]).unwrap().signed_by(&server_key, &ca).unwrap();
+        let server = CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .signed_by(&server_key, &ca)
+            .unwrap();
         let client_key = KeyPair::generate().unwrap();
-        let client = CertificateParams::new(vec!["client".to_string()]).unwrap().signed_by(&client_key, &ca).unwrap();
+        let client = CertificateParams::new(vec!["client".to_string()])
+            .unwrap()
+            .signed_by(&client_key, &ca)
+            .unwrap();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("server.pem"), server.pem()).unwrap();
         std::fs::write(dir.path().join("server.key"), server_key.serialize_pem()).unwrap();
         std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-        Pki { dir, ca_pem: ca.pem(), client_cert: client.pem(), client_key: client_key.serialize_pem() }
+        Pki {
+            dir,
+            ca_pem: ca.pem(),
+            client_cert: client.pem(),
+            client_key: client_key.serialize_pem(),
+        }
     }
 
-    async fn tls_post(addr: SocketAddr, ca_pem: &str, client: Option<(&str, &str)>) -> Result<Reply, String> {
+    async fn tls_post(
+        addr: SocketAddr,
+        ca_pem: &str,
+        client: Option<(&str, &str)>,
+    ) -> Result<Reply, String> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
+        roots
+            .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+            .unwrap();
         let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions().unwrap()
+            .with_safe_default_protocol_versions()
+            .unwrap()
             .with_root_certificates(roots);
         let config = match client {
             Some((cert, key)) => builder
@@ -476,15 +785,30 @@ mod tls {
             .connect(ServerName::try_from("localhost").unwrap(), tcp)
             .await
             .map_err(|e| e.to_string())?;
-        let req = Request::builder().method("POST").uri("/").header("host", "localhost")
-            .body(Full::new(Bytes::from_static(b"{}"))).unwrap();
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+        let req = Request::builder()
+            .method("POST")
+            .uri("/")
+            .header("host", "localhost")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
         tokio::spawn(conn);
         let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status();
         let headers = resp.headers().clone();
-        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-        Ok(Reply { status, headers, body })
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok(Reply {
+            status,
+            headers,
+            body,
+        })
     }
 
     use rustls::pki_types::pem::PemObject as _;
@@ -493,17 +817,27 @@ mod tls {
     async fn https_and_certificate_reload() {
         let p = pki();
         let d = p.dir.path();
-        let mut h = start("https", json!({"tls": {"cert": d.join("server.pem"), "key": d.join("server.key")}})).await;
+        let mut h = start(
+            "https",
+            json!({"tls": {"cert": d.join("server.pem"), "key": d.join("server.key")}}),
+        )
+        .await;
         let _got = h.capture.take().unwrap().auto(Status::Delivered);
         let r = tls_post(h.addr, &p.ca_pem, None).await.unwrap();
         assert_eq!(r.status, StatusCode::OK);
         // Plain HTTP to a TLS port does not get through.
         let plain = tokio::time::timeout(Duration::from_secs(3), async {
             let mut s = TcpStream::connect(h.addr).await.unwrap();
-            s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}").await.unwrap();
+            s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+                .await
+                .unwrap();
             let mut buf = vec![0u8; 64];
-            s.read(&mut buf).await.map(|n| String::from_utf8_lossy(&buf[..n]).to_string())
-        }).await.unwrap();
+            s.read(&mut buf)
+                .await
+                .map(|n| String::from_utf8_lossy(&buf[..n]).to_string())
+        })
+        .await
+        .unwrap();
         assert!(!plain.unwrap_or_default().starts_with("HTTP/1.1 200"));
         // Replace the certificate with one from another CA: new handshakes use it.
         let other = pki();
@@ -517,7 +851,10 @@ mod tls {
             assert!(Instant::now() < deadline, "certificate was not reloaded");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        assert!(tls_post(h.addr, &p.ca_pem, None).await.is_err(), "old CA no longer matches");
+        assert!(
+            tls_post(h.addr, &p.ca_pem, None).await.is_err(),
+            "old CA no longer matches"
+        );
     }
 
     #[tokio::test]
@@ -526,12 +863,23 @@ mod tls {
         let d = p.dir.path();
         let mut h = start("mtls", json!({"tls": {"cert": d.join("server.pem"), "key": d.join("server.key"), "client_ca": d.join("ca.pem")}})).await;
         let _got = h.capture.take().unwrap().auto(Status::Delivered);
-        let ok = tls_post(h.addr, &p.ca_pem, Some((&p.client_cert, &p.client_key))).await.unwrap();
+        let ok = tls_post(h.addr, &p.ca_pem, Some((&p.client_cert, &p.client_key)))
+            .await
+            .unwrap();
         assert_eq!(ok.status, StatusCode::OK);
-        assert!(tls_post(h.addr, &p.ca_pem, None).await.is_err(), "no client certificate, no request");
+        assert!(
+            tls_post(h.addr, &p.ca_pem, None).await.is_err(),
+            "no client certificate, no request"
+        );
         let stranger = pki();
         assert!(
-            tls_post(h.addr, &p.ca_pem, Some((&stranger.client_cert, &stranger.client_key))).await.is_err(),
+            tls_post(
+                h.addr,
+                &p.ca_pem,
+                Some((&stranger.client_cert, &stranger.client_key))
+            )
+            .await
+            .is_err(),
             "a certificate from another CA is refused"
         );
     }

@@ -102,7 +102,13 @@ impl Unit {
     }
 
     /// Settles an event without a delivery (duplicate, unrouted, dead sink).
-    pub(crate) fn settle(&self, idx: usize, status: Status, reason: Option<String>, duplicate: bool) {
+    pub(crate) fn settle(
+        &self,
+        idx: usize,
+        status: Status,
+        reason: Option<String>,
+        duplicate: bool,
+    ) {
         let mut st = self.lock();
         let ev = &mut st.events[idx];
         ev.status = ev.status.max(status);

@@ -302,7 +302,9 @@ impl Dedup {
             }
             n += 1;
             let (this, store) = (self.clone(), store.clone());
-            let res = tokio::task::spawn_blocking(move || this.flush(&*store, n % 240 == 0)).await;
+            let res =
+                tokio::task::spawn_blocking(move || this.flush(&*store, n.is_multiple_of(240)))
+                    .await;
             if let Ok(Err(e)) = res {
                 tracing::warn!(error = %e, "dedup: could not save the window to state_dir; will retry");
             }
@@ -375,7 +377,10 @@ mod tests {
             d.forget(k);
         }
         let total: usize = d.shards.iter().map(|s| s.lock().unwrap().order.len()).sum();
-        assert!(total < 50_000, "order queue must not keep every forgotten key: {total}");
+        assert!(
+            total < 50_000,
+            "order queue must not keep every forgotten key: {total}"
+        );
     }
 
     #[test]

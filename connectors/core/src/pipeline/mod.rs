@@ -144,7 +144,8 @@ pub fn build(spec: &PipelineSpec) -> Built {
                 .map(|r| (r.matches.clone(), r.to.clone()))
                 .collect();
             let static_targets = mine.iter().all(|(m, _)| m.is_empty()).then(|| {
-                let mut t: Vec<usize> = mine.iter().flat_map(|(_, to)| to.iter().copied()).collect();
+                let mut t: Vec<usize> =
+                    mine.iter().flat_map(|(_, to)| to.iter().copied()).collect();
                 t.sort_unstable();
                 t.dedup();
                 t
@@ -420,12 +421,17 @@ mod tests {
         let mut b = build(&spec(&[("a", 1, WhenFull::Block)], all_to(vec![0])));
         let s = b.senders[0].clone();
         let p1 = s.send(vec![ev("1")]).await;
-        let r = s.send_timeout(vec![ev("2")], Duration::from_millis(50)).await;
+        let r = s
+            .send_timeout(vec![ev("2")], Duration::from_millis(50))
+            .await;
         assert!(r.is_err(), "queue of one is full");
         b.inputs[0].recv().await.unwrap().delivery.delivered();
         assert!(p1.await.is_delivered());
         // The timed-out event was forgotten by dedup: the retry goes through.
-        let p2 = s.send_timeout(vec![ev("2")], Duration::from_millis(500)).await.unwrap();
+        let p2 = s
+            .send_timeout(vec![ev("2")], Duration::from_millis(500))
+            .await
+            .unwrap();
         b.inputs[0].recv().await.unwrap().delivery.delivered();
         assert!(p2.await.is_delivered());
     }
@@ -433,12 +439,18 @@ mod tests {
     #[tokio::test]
     async fn drop_newest_sheds_without_blocking_others() {
         let mut b = build(&spec(
-            &[("slow", 1, WhenFull::DropNewest), ("fast", 10, WhenFull::Block)],
+            &[
+                ("slow", 1, WhenFull::DropNewest),
+                ("fast", 10, WhenFull::Block),
+            ],
             all_to(vec![0, 1]),
         ));
         let s = b.senders[0].clone();
         let p1 = s.send(vec![ev("1")]).await;
-        let p2 = s.send_timeout(vec![ev("2")], Duration::from_millis(200)).await.unwrap();
+        let p2 = s
+            .send_timeout(vec![ev("2")], Duration::from_millis(200))
+            .await
+            .unwrap();
         // "fast" gets both; "slow" got only the first.
         for _ in 0..2 {
             b.inputs[1].recv().await.unwrap().delivery.delivered();
@@ -481,25 +493,46 @@ mod tests {
                 matches: vec![Match::Exact(Attr::Subject, "x".into())],
             },
         ];
-        let mut sp = spec(&[("a", 10, WhenFull::Block), ("b", 10, WhenFull::Block)], routes);
+        let mut sp = spec(
+            &[("a", 10, WhenFull::Block), ("b", 10, WhenFull::Block)],
+            routes,
+        );
         sp.unrouted = Unrouted::Reject;
         let mut b = build(&sp);
         let s = &b.senders[0];
-        let p = s.send(vec![Event::new("1", "/s", "com.a.created").with_subject("x")]).await;
+        let p = s
+            .send(vec![
+                Event::new("1", "/s", "com.a.created").with_subject("x")
+            ])
+            .await;
         b.inputs[0].recv().await.unwrap().delivery.delivered();
         b.inputs[1].recv().await.unwrap().delivery.delivered();
         assert!(p.await.is_delivered());
-        let out = s.send(vec![Event::new("2", "/s", "com.b.created")]).await.await;
+        let out = s
+            .send(vec![Event::new("2", "/s", "com.b.created")])
+            .await
+            .await;
         assert_eq!(out.status, Status::Rejected);
     }
 
     #[tokio::test]
     async fn memory_budget_bounds_all_queues_together() {
-        let mut sp = spec(&[("a", 1000, WhenFull::Block), ("b", 1000, WhenFull::Block)], vec![]);
+        let mut sp = spec(
+            &[("a", 1000, WhenFull::Block), ("b", 1000, WhenFull::Block)],
+            vec![],
+        );
         sp.sources = vec!["x".into(), "y".into()];
         sp.routes = vec![
-            RouteSpec { from: vec![0], to: vec![0], matches: vec![] },
-            RouteSpec { from: vec![1], to: vec![1], matches: vec![] },
+            RouteSpec {
+                from: vec![0],
+                to: vec![0],
+                matches: vec![],
+            },
+            RouteSpec {
+                from: vec![1],
+                to: vec![1],
+                matches: vec![],
+            },
         ];
         let big = || {
             Event::new(uuid::Uuid::new_v4().to_string(), "/s", "t")

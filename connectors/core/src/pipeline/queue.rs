@@ -118,7 +118,8 @@ impl SinkQueue {
         };
         match reserved {
             Some((p1, p2, slot)) => {
-                let delivery = Delivery::new(unit.clone(), idx, self.shared.clone(), size, (p1, p2));
+                let delivery =
+                    Delivery::new(unit.clone(), idx, self.shared.clone(), size, (p1, p2));
                 t.queue_events.increment(1.0);
                 slot.send(SinkItem { event, delivery });
             }
