@@ -1,1 +1,142 @@
-fn main() {}
+//! Criterion benchmarks: event encode/decode (ours and the CloudEvents SDK's) and dedup.
+//! Run: cargo bench --bench core
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use http::HeaderMap;
+use sluice_core::event::{Event, Timestamp};
+use sluice_core::pipeline::{dedup_key, Dedup, DedupConfig};
+use sluice_core::{format, http_binding};
+
+fn sample() -> Event {
+    // ~1 KiB of JSON data, as in the webhook benchmark.
+    let mut data = String::from("{\"items\":[");
+    while data.len() < 1000 {
+        data.push_str("{\"sku\":\"A-1234\",\"qty\":3},");
+    }
+    data.pop();
+    data.push_str("]}");
+    let mut e = Event::new(
+        "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+        "https://orders.example.com/api",
+        "com.example.order.created",
+    )
+    .with_subject("orders/42")
+    .with_time(Timestamp::parse("2026-11-30T12:00:00.123456Z").unwrap())
+    .with_json(Bytes::from(data));
+    e.set_extension(
+        "traceparent",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    );
+    e
+}
+
+fn codec(c: &mut Criterion) {
+    let e = sample();
+    let structured = Bytes::from(format::encode_event(&e));
+    let mut headers = HeaderMap::new();
+    http_binding::encode_binary_headers(&e, &mut headers);
+    let body = http_binding::binary_body(&e);
+
+    let mut g = c.benchmark_group("event");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("encode_structured_1k", |b| {
+        let mut out = Vec::with_capacity(2048);
+        b.iter(|| {
+            out.clear();
+            format::encode_event_into(black_box(&e), &mut out);
+        })
+    });
+    g.bench_function("decode_structured_1k", |b| {
+        b.iter(|| format::decode_event(black_box(&structured)).unwrap())
+    });
+    g.bench_function("encode_binary_headers", |b| {
+        b.iter(|| {
+            let mut h = HeaderMap::new();
+            http_binding::encode_binary_headers(black_box(&e), &mut h);
+            h
+        })
+    });
+    g.bench_function("decode_binary_1k", |b| {
+        b.iter(|| http_binding::decode_binary(black_box(&headers), body.clone()).unwrap())
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("sdk");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("decode_structured_1k", |b| {
+        b.iter(|| serde_json::from_slice::<cloudevents::Event>(black_box(&structured)).unwrap())
+    });
+    let theirs: cloudevents::Event = serde_json::from_slice(&structured).unwrap();
+    g.bench_function("encode_structured_1k", |b| {
+        b.iter(|| serde_json::to_vec(black_box(&theirs)).unwrap())
+    });
+    g.finish();
+}
+
+fn dedup(c: &mut Criterion) {
+    let mut g = c.benchmark_group("dedup");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("key_xxh3_128", |b| {
+        b.iter(|| {
+            dedup_key(
+                black_box("https://orders.example.com/api"),
+                black_box("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"),
+            )
+        })
+    });
+    let cfg = DedupConfig {
+        window: Duration::from_secs(600),
+        capacity: 100_000,
+    };
+    // Insert of new keys into a full window (the steady state under load: insert + evict).
+    g.bench_function("insert_new_full_100k", |b| {
+        let d = Dedup::new(cfg, false);
+        for i in 0..100_000u64 {
+            d.check_at(dedup_key("s", &i.to_string()), 1);
+        }
+        let mut i = 1_000_000u64;
+        b.iter(|| {
+            i += 1;
+            d.check_at(black_box((i as u128) << 64 | i as u128), 2)
+        })
+    });
+    g.bench_function("lookup_hit_100k", |b| {
+        let d = Dedup::new(cfg, false);
+        let keys: Vec<u128> = (0..100_000u64)
+            .map(|i| dedup_key("s", &i.to_string()))
+            .collect();
+        for k in &keys {
+            d.check_at(*k, 1);
+            d.confirm(*k);
+        }
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 7919) % keys.len();
+            d.check_at(black_box(keys[i]), 2)
+        })
+    });
+    g.bench_function("insert_then_forget", |b| {
+        let d = Dedup::new(cfg, false);
+        b.iter_batched(
+            || dedup_key("s", &uuid_like()),
+            |k| {
+                d.check_at(k, 1);
+                d.forget(k);
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("id-{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+criterion_group!(benches, codec, dedup);
+criterion_main!(benches);

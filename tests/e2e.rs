@@ -465,3 +465,57 @@ async fn python_cloudevents_sdk_events_arrive_intact() {
     );
     assert!(d.stop().success());
 }
+
+/// Every config we ship (embedded default, examples, deployment configs) is valid.
+#[test]
+fn shipped_configs_validate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![
+        root.join("config/default.yaml"),
+        root.join("deploy/kustomize/base/sluice.yaml"),
+    ];
+    for entry in std::fs::read_dir(root.join("config/examples")).unwrap() {
+        files.push(entry.unwrap().path());
+    }
+    assert!(files.len() >= 5);
+    for f in files {
+        let out = Command::new(BIN)
+            .args(["validate", "-c"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            f.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The Helm chart's values carry a config too.
+    let values = std::fs::read_to_string(root.join("deploy/helm/sluice/values.yaml")).unwrap();
+    let config = values
+        .split("\nconfig:\n")
+        .nth(1)
+        .unwrap()
+        .split("\n# Mount")
+        .next()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("helm.yaml");
+    let dedented: String = config
+        .lines()
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&p, dedented).unwrap();
+    let out = Command::new(BIN)
+        .args(["validate", "-c"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm values: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
