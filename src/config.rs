@@ -632,6 +632,8 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             };
             let kind = match map.remove("kind") {
                 Some(Value::String(k)) => k,
+                // `kind: null` is YAML's null value; it can only mean the `null` sink.
+                Some(Value::Null) => "null".to_owned(),
                 Some(_) => {
                     cx.err(
                         &[base.clone(), vec![seg("kind")]].concat(),
