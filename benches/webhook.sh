@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-10s}
+ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-64}
 SERVER_CPU=${SERVER_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
@@ -48,45 +49,65 @@ EOF
 
 wait_port() { for _ in $(seq 1 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
 
-# measure NAME → prints one markdown row
-measure() {
-  local name=$1 pid=$2
-  local out rps p99max half p50h p99h rss
-  out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$work/post.lua" "http://127.0.0.1:$PORT/" 2>&1)
-  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-  p99max=$(awk '$1=="99%" {print $2}' <<<"$out")
-  non2xx=$(awk '/Non-2xx/ {print $4}' <<<"$out"); non2xx=${non2xx:-0}
-  half=$(python3 -c "print(int(float('$rps')/2))")
-  out=$(taskset -c "$LOAD_CPU" oha -z "$DURATION" -c "$CONNS" -q "$half" --no-tui --output-format json \
-        -m POST -H 'content-type: application/json' -D "$work/body.json" "http://127.0.0.1:$PORT/" 2>/dev/null)
-  read -r p50h p99h <<<"$(python3 -c '
-import json,sys
-p=json.loads(sys.stdin.read())["latencyPercentiles"]
-print("%.3f %.3f" % (p["p50"]*1000, p["p99"]*1000))' <<<"$out")"
-  rss=$(awk '/VmHWM/ {printf "%.1f", $2/1024}' "/proc/$pid/status")
-  echo "| $name | $rps | $p99max | $half | $p50h | $p99h | $rss | $non2xx |"
-}
-
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem/ {print $2}') GiB; $(date -u +%Y-%m-%d)"
-echo "load: wrk -t1 -c$CONNS -d$DURATION (max rate); oha -c$CONNS -q <half> (latency); server on cpu $SERVER_CPU, load on cpu $LOAD_CPU"
-echo
-echo "| server | max req/s | p99 at max (wrk) | half rate | p50 ms at half | p99 ms at half | peak RSS MB | non-2xx |"
-echo "|---|---|---|---|---|---|---|---|"
-
-taskset -c "$SERVER_CPU" "$BARE" --listen 127.0.0.1:$PORT --threads 1 2>/dev/null & pid=$!
-wait_port $PORT; measure "bare hyper (ceiling)" $pid; kill $pid; wait $pid 2>/dev/null || true
-
-for sink in null log; do
-  cat > "$work/sluice.yaml" <<EOF
+# start NAME → starts a server on $PORT, sets $pid
+start() {
+  case $1 in
+    bare) taskset -c "$SERVER_CPU" "$BARE" --listen 127.0.0.1:$PORT --threads 1 2>/dev/null & pid=$! ;;
+    null|log)
+      cat > "$work/sluice-$1.yaml" <<EOF
 admin: { listen: 127.0.0.1:$ADMIN }
 sources:
   hooks: { kind: webhook, listen: 127.0.0.1:$PORT, path: / }
 sinks:
-  out: { kind: $sink }
+  out: { kind: $1 }
 routes:
   - { from: [hooks], to: [out] }
 EOF
-  RUST_LOG=warn taskset -c "$SERVER_CPU" "$SLUICE" run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/sluice.err" & pid=$!
-  wait_port $PORT; measure "sluice webhook → $sink" $pid
-  kill -TERM $pid; wait $pid 2>/dev/null || true
+      RUST_LOG=warn taskset -c "$SERVER_CPU" "$SLUICE" run -c "$work/sluice-$1.yaml" --threads 1 >/dev/null 2>>"$work/sluice.err" & pid=$! ;;
+  esac
+  wait_port $PORT
+}
+stop() { kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; sleep 0.3; }
+
+# Max rate, alternating the servers round by round (this VM's speed drifts by ±15%).
+declare -A RPS P99 NON2XX RSS
+for round in $(seq 1 "$ROUNDS"); do
+  for s in bare null log; do
+    start $s
+    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$work/post.lua" "http://127.0.0.1:$PORT/" 2>&1)
+    RPS[$s]+="$(awk '/Requests\/sec/ {print $2}' <<<"$out") "
+    P99[$s]+="$(awk '$1=="99%" {print $2}' <<<"$out") "
+    NON2XX[$s]+="$(awk '/Non-2xx/ {n=$4} END {print n+0}' <<<"$out") "
+    RSS[$s]+="$(awk '/VmHWM/ {printf "%.1f", $2/1024}' "/proc/$pid/status") "
+    stop
+  done
+done
+median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sed 's/ms$//' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+# Latency at half of each server's own median max rate.
+declare -A P50H P99H
+for s in bare null log; do
+  half=$(python3 -c "print(int($(median "${RPS[$s]}")/2))")
+  start $s
+  out=$(taskset -c "$LOAD_CPU" oha -z "$DURATION" -c "$CONNS" -q "$half" --no-tui --output-format json \
+        -m POST -H 'content-type: application/json' -D "$work/body.json" "http://127.0.0.1:$PORT/" 2>/dev/null)
+  read -r P50H[$s] P99H[$s] <<<"$(python3 -c '
+import json,sys
+p=json.loads(sys.stdin.read())["latencyPercentiles"]
+print("%.3f %.3f" % (p["p50"]*1000, p["p99"]*1000))' <<<"$out")"
+  RSS[$s]+="$(awk '/VmHWM/ {printf "%.1f", $2/1024}' "/proc/$pid/status") "
+  stop
+done
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem/ {print $2}') GiB; $(date -u +%Y-%m-%d)"
+echo "load: wrk -t1 -c$CONNS -d$DURATION, $ROUNDS alternating rounds (median); oha -c$CONNS -q <half of median> for latency; server on cpu $SERVER_CPU (1 worker thread), load on cpu $LOAD_CPU; 1 KiB JSON POST"
+echo
+bare=$(median "${RPS[bare]}")
+echo "| server | max req/s (median) | rounds | vs ceiling | p99 at max (wrk) | p50 / p99 ms at half rate | peak RSS MB | non-2xx |"
+echo "|---|---|---|---|---|---|---|---|"
+for s in bare null log; do
+  case $s in bare) name="bare hyper (ceiling)";; *) name="sluice webhook → $s";; esac
+  m=$(median "${RPS[$s]}")
+  pct=$(python3 -c "print('%.0f %%' % (100*$m/$bare))")
+  echo "| $name | $m | ${RPS[$s]% } | $pct | $(median "${P99[$s]}") ms | ${P50H[$s]} / ${P99H[$s]} | $(tr ' ' '\n' <<<"${RSS[$s]}" | sort -g | tail -1) | $(tr ' ' '+' <<<"${NON2XX[$s]}" | sed 's/+$//; s/^+*//' ) |"
 done

@@ -38,7 +38,7 @@ enum Command {
     Run {
         #[arg(short, long)]
         config: Option<PathBuf>,
-        /// Worker threads (default: one per core).
+        /// Worker threads (default: one per core; 1 uses tokio's current-thread scheduler).
         #[arg(long, env = "SLUICE_THREADS")]
         threads: Option<usize>,
     },
@@ -131,10 +131,17 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let mut rt = tokio::runtime::Builder::new_multi_thread();
-            if let Some(n) = threads {
-                rt.worker_threads(n.max(1));
-            }
+            // One worker: the current-thread scheduler (no work stealing, no cross-thread queue
+            // atomics), as a sidecar on one core wants. More: the multi-thread scheduler.
+            let mut rt = match threads {
+                Some(1) => tokio::runtime::Builder::new_current_thread(),
+                Some(n) => {
+                    let mut b = tokio::runtime::Builder::new_multi_thread();
+                    b.worker_threads(n.max(1));
+                    b
+                }
+                None => tokio::runtime::Builder::new_multi_thread(),
+            };
             let rt = match rt.enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => {

@@ -95,6 +95,7 @@ pub async fn run(
         tracing::warn!("no routes: every event will be counted as unrouted and go nowhere");
     }
     let built = pipeline::build(&spec);
+    tokio::spawn(built.gauges.run(Duration::from_secs(1)));
 
     let dedup_stop = CancellationToken::new();
     let mut dedup_task = None;

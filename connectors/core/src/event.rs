@@ -125,14 +125,24 @@ impl From<String> for ExtValue {
 }
 
 /// Event data as bytes. `Json` promises the bytes are one well-formed JSON document (so the
-/// structured format can embed them as they are); `Binary` is anything else.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+/// structured format embeds them without a check); `Binary` is any bytes, including JSON that
+/// nobody has checked yet: the structured encoder checks it then, only if it must embed it.
+/// Two `Data` are equal when their bytes are.
+#[derive(Clone, Debug, Default)]
 pub enum Data {
     #[default]
     None,
     Json(Bytes),
     Binary(Bytes),
 }
+
+impl PartialEq for Data {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for Data {}
 
 impl Data {
     pub fn as_bytes(&self) -> Option<&Bytes> {
@@ -150,16 +160,24 @@ impl Data {
         self.len() == 0
     }
 
-    /// Data for bytes that claim a content type: when the type is JSON and the bytes are
-    /// well-formed JSON they become `Json` (one validating pass, no tree is built); otherwise
-    /// `Binary`.
+    /// Data for bytes received with a content type. Nothing is parsed or validated here (this
+    /// runs once per inbound request); see [`Data::is_embeddable_json`].
     pub fn from_bytes(bytes: Bytes, content_type: Option<&str>) -> Data {
-        if content_type.is_none_or(is_json_media_type) && is_json(&bytes) {
-            Data::Json(bytes)
-        } else if bytes.is_empty() && content_type.is_none() {
+        if bytes.is_empty() && content_type.is_none() {
             Data::None
         } else {
             Data::Binary(bytes)
+        }
+    }
+
+    /// Whether the structured JSON format may embed these bytes as a JSON value: they are
+    /// known JSON, or declared JSON by `content_type` and well-formed (checked now, without
+    /// building a tree).
+    pub fn is_embeddable_json(&self, content_type: Option<&str>) -> bool {
+        match self {
+            Data::None => false,
+            Data::Json(_) => true,
+            Data::Binary(b) => content_type.is_none_or(is_json_media_type) && is_json(b),
         }
     }
 }
@@ -332,7 +350,8 @@ pub fn check_extension_name(name: &str) -> Result<(), EventError> {
     Ok(())
 }
 
-fn check_string(attr: &str, value: &str, non_empty: bool) -> Result<(), EventError> {
+/// A CloudEvents string: no control characters; `non_empty` for id, source, type, subject.
+pub fn check_string(attr: &str, value: &str, non_empty: bool) -> Result<(), EventError> {
     if non_empty && value.is_empty() {
         return Err(EventError(format!("{attr} must not be empty")));
     }
@@ -477,20 +496,22 @@ mod tests {
     }
 
     #[test]
-    fn data_from_bytes_marks_json_only_when_it_is_json() {
+    fn declared_json_is_embeddable_only_when_it_is_json() {
         let ct = Some("application/json");
-        assert!(matches!(
-            Data::from_bytes(Bytes::from_static(b"{\"a\":1}"), ct),
-            Data::Json(_)
-        ));
-        assert!(matches!(
-            Data::from_bytes(Bytes::from_static(b"{not json"), ct),
-            Data::Binary(_)
-        ));
-        assert!(matches!(
-            Data::from_bytes(Bytes::from_static(b"{\"a\":1}"), Some("text/plain")),
-            Data::Binary(_)
-        ));
+        let ok = Data::from_bytes(Bytes::from_static(b"{\"a\":1}"), ct);
+        assert!(
+            matches!(ok, Data::Binary(_)),
+            "nothing is validated on ingest"
+        );
+        assert!(ok.is_embeddable_json(ct));
+        assert!(!Data::from_bytes(Bytes::from_static(b"{not json"), ct).is_embeddable_json(ct));
+        assert!(!ok.is_embeddable_json(Some("text/plain")));
+        assert!(Data::Json(Bytes::from_static(b"1")).is_embeddable_json(Some("text/plain")));
+        assert_eq!(
+            ok,
+            Data::Json(Bytes::from_static(b"{\"a\":1}")),
+            "equal by bytes"
+        );
         assert!(matches!(Data::from_bytes(Bytes::new(), None), Data::None));
     }
 

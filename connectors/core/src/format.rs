@@ -195,35 +195,30 @@ pub fn encode_event_into(event: &Event, out: &mut Vec<u8>) {
             ExtValue::Boolean(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         }
     }
+    let ct = event.datacontenttype.as_deref();
     match &event.data {
         Data::None => {}
-        Data::Json(bytes) => {
+        data @ (Data::Json(bytes) | Data::Binary(bytes)) if data.is_embeddable_json(ct) => {
             out.extend_from_slice(b",\"data\":");
             out.extend_from_slice(bytes);
         }
-        Data::Binary(bytes) => {
-            let textual = event
-                .datacontenttype
-                .as_deref()
-                .is_some_and(is_textual_media_type);
-            match std::str::from_utf8(bytes) {
-                Ok(text) if textual => {
-                    out.extend_from_slice(b",\"data\":");
-                    write_str(out, text);
-                }
-                _ => {
-                    out.extend_from_slice(b",\"data_base64\":\"");
-                    let start = out.len();
-                    let n = base64::encoded_len(bytes.len(), true).unwrap_or(0);
-                    out.resize(start + n, 0);
-                    let written = base64::engine::general_purpose::STANDARD
-                        .encode_slice(bytes, &mut out[start..])
-                        .unwrap_or(0);
-                    out.truncate(start + written);
-                    out.push(b'"');
-                }
+        Data::Json(bytes) | Data::Binary(bytes) => match std::str::from_utf8(bytes) {
+            Ok(text) if ct.is_some_and(is_textual_media_type) => {
+                out.extend_from_slice(b",\"data\":");
+                write_str(out, text);
             }
-        }
+            _ => {
+                out.extend_from_slice(b",\"data_base64\":\"");
+                let start = out.len();
+                let n = base64::encoded_len(bytes.len(), true).unwrap_or(0);
+                out.resize(start + n, 0);
+                let written = base64::engine::general_purpose::STANDARD
+                    .encode_slice(bytes, &mut out[start..])
+                    .unwrap_or(0);
+                out.truncate(start + written);
+                out.push(b'"');
+            }
+        },
     }
     out.push(b'}');
 }

@@ -37,10 +37,14 @@ impl TryFrom<&Event> for cloudevents::Event {
         }
         let data = match &e.data {
             Data::None => None,
-            Data::Json(b) => Some(cloudevents::Data::Json(
-                serde_json::from_slice(b).map_err(|err| EventError(format!("data: {err}")))?,
-            )),
-            Data::Binary(b) => Some(cloudevents::Data::Binary(b.to_vec())),
+            d @ (Data::Json(b) | Data::Binary(b))
+                if d.is_embeddable_json(e.datacontenttype.as_deref()) =>
+            {
+                Some(cloudevents::Data::Json(
+                    serde_json::from_slice(b).map_err(|err| EventError(format!("data: {err}")))?,
+                ))
+            }
+            Data::Json(b) | Data::Binary(b) => Some(cloudevents::Data::Binary(b.to_vec())),
         };
         if let Some(d) = data {
             out.set_data_unchecked(d);

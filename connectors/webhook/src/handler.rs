@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use metrics::Counter;
 use sha2::{Digest, Sha256};
-use sluice_core::event::{check_media_type, Data, Event, ExtValue, Timestamp};
+use sluice_core::event::{check_media_type, check_string, Data, Event, ExtValue, Timestamp};
 use sluice_core::http_binding;
 use sluice_core::telemetry::SourceTelemetry;
 use sluice_core::{SourceContext, SourceSender, Status};
@@ -294,6 +294,10 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
         }
     };
     match outcome.status {
+        Status::Delivered if n == 1 && outcome.duplicates == 0 => reply(
+            StatusCode::OK,
+            Bytes::from_static(b"{\"status\":\"delivered\",\"events\":1,\"duplicates\":0}"),
+        ),
         Status::Delivered => reply(
             StatusCode::OK,
             format!(
@@ -371,17 +375,21 @@ fn form_json(input: &[u8]) -> Bytes {
     Bytes::from(serde_json::to_vec(&map).unwrap_or_else(|_| b"{}".to_vec()))
 }
 
-fn add_extensions(route: &Route, headers: &HeaderMap, e: &mut Event) {
-    for (h, ext) in [("traceparent", "traceparent"), ("tracestate", "tracestate")] {
+/// Tracing headers and `header_extensions` as extensions (names were checked with the config).
+fn add_extensions(route: &Route, headers: &HeaderMap, e: &mut Event) -> Result<(), Reject> {
+    let tracing = [("traceparent", "traceparent"), ("tracestate", "tracestate")];
+    let configured = route
+        .header_ext
+        .iter()
+        .map(|(h, ext)| (h.as_str(), ext.as_str()));
+    for (h, ext) in tracing.into_iter().chain(configured) {
         if let Some(v) = headers.get(h).and_then(|v| v.to_str().ok()) {
-            e.set_extension(ext, v);
+            check_string(ext, v, false)
+                .map_err(|err| (StatusCode::BAD_REQUEST, format!("header {h}: {err}")))?;
+            e.set_extension(ext.to_owned(), ExtValue::String(v.to_owned()));
         }
     }
-    for (h, ext) in &route.header_ext {
-        if let Some(v) = headers.get(h).and_then(|v| v.to_str().ok()) {
-            e.set_extension(ext.clone(), ExtValue::String(v.to_owned()));
-        }
-    }
+    Ok(())
 }
 
 /// A plain request as a CloudEvent: data is the raw body (GET: the query as JSON).
@@ -414,8 +422,10 @@ fn plain_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Resu
         let data = Data::from_bytes(body, ct.as_deref());
         e = e.with_data(ct, data);
     }
-    add_extensions(route, &parts.headers, &mut e);
-    e.validate().map_err(|err| {
+    add_extensions(route, &parts.headers, &mut e)?;
+    // type, source and subject come from the checked config and the content type was checked
+    // above: only the id, which may come from a request header, is left to check.
+    check_string("id", &e.id, true).map_err(|err| {
         (
             StatusCode::BAD_REQUEST,
             format!("cannot make a CloudEvent: {err}"),
@@ -483,8 +493,10 @@ fn argo_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Resul
         .with_subject(route.subject.clone())
         .with_time(Timestamp::now())
         .with_json(data);
-    add_extensions(route, &parts.headers, &mut e);
-    e.validate().map_err(|err| {
+    add_extensions(route, &parts.headers, &mut e)?;
+    // type, source and subject come from the checked config and the content type was checked
+    // above: only the id, which may come from a request header, is left to check.
+    check_string("id", &e.id, true).map_err(|err| {
         (
             StatusCode::BAD_REQUEST,
             format!("cannot make a CloudEvent: {err}"),

@@ -231,15 +231,20 @@ impl SourceConfig for WebhookConfig {
             sluice_core::event::check_extension_name(&ext)
                 .map_err(|e| format!("header_extensions: {h:?} gives extension {ext:?}: {e}"))?;
         }
-        if let Some(t) = &self.event_type {
-            if t.is_empty() {
-                return Err("type must not be empty".into());
-            }
-        }
-        if let Some(s) = &self.event_source {
-            let probe = sluice_core::Event::new("x", s.as_str(), "x");
-            probe.validate().map_err(|e| format!("source: {e}"))?;
-        }
+        // Events from plain requests carry these attributes as they are: check them once here.
+        let mut probe = sluice_core::Event::new(
+            "probe",
+            self.event_source.as_deref().unwrap_or("webhook"),
+            self.event_type.as_deref().unwrap_or("webhook"),
+        );
+        probe.subject = Some(
+            self.event_subject
+                .clone()
+                .unwrap_or_else(|| self.path.clone()),
+        );
+        probe
+            .validate()
+            .map_err(|e| format!("type, source or subject: {e}"))?;
         Ok(())
     }
 

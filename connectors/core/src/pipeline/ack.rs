@@ -244,7 +244,6 @@ pub struct Delivery {
     unit: Arc<Unit>,
     idx: usize,
     sink: Arc<SinkShared>,
-    bytes: u32,
     _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     done: bool,
 }
@@ -254,16 +253,13 @@ impl Delivery {
         unit: Arc<Unit>,
         idx: usize,
         sink: Arc<SinkShared>,
-        bytes: u32,
         permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     ) -> Self {
         unit.hold(idx);
-        sink.telemetry.queue_bytes.increment(bytes as f64);
         Delivery {
             unit,
             idx,
             sink,
-            bytes,
             _permits: permits,
             done: false,
         }
@@ -310,7 +306,6 @@ impl Delivery {
 
 impl Drop for Delivery {
     fn drop(&mut self) {
-        self.sink.telemetry.queue_bytes.decrement(self.bytes as f64);
         if !self.done {
             self.report(
                 Status::Failed,

@@ -11,10 +11,10 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use metrics::{counter, gauge, Counter, Gauge};
+use metrics::{counter, Counter};
 
 use crate::state::{StateError, StateStore};
-use crate::telemetry::{DEDUP_ENTRIES, DEDUP_EVICTIONS};
+use crate::telemetry::DEDUP_EVICTIONS;
 
 const SHARDS: usize = 16;
 /// The state-store table holding delivered keys (16-byte key → 8-byte ms timestamp).
@@ -118,7 +118,6 @@ pub struct Dedup {
     /// Delivered keys not yet written to the state store.
     unsaved: Mutex<Vec<(u128, u64)>>,
     persistent: bool,
-    entries: Gauge,
     evictions: Counter,
 }
 
@@ -136,7 +135,6 @@ impl Dedup {
             cap_per_shard: config.capacity.div_ceil(SHARDS).max(1),
             unsaved: Mutex::new(Vec::new()),
             persistent,
-            entries: gauge!(DEDUP_ENTRIES),
             evictions: counter!(DEDUP_EVICTIONS),
         }
     }
@@ -164,7 +162,6 @@ impl Dedup {
         }
         if shard.map.len() >= self.cap_per_shard && shard.evict_oldest() {
             self.evictions.increment(1);
-            self.entries.decrement(1.0);
         }
         shard.map.insert(
             key,
@@ -174,7 +171,6 @@ impl Dedup {
             },
         );
         shard.order.push_back((now, key));
-        self.entries.increment(1.0);
         Check::New
     }
 
@@ -201,13 +197,11 @@ impl Dedup {
     /// The event behind `key` was not delivered: forget it so a retry is accepted.
     pub fn forget(&self, key: u128) {
         let mut shard = self.shard(key);
-        if shard.map.remove(&key).is_some() {
-            self.entries.decrement(1.0);
-        }
+        shard.map.remove(&key);
         shard.compact_if_stale();
     }
 
-    /// Live entries (for tests and the admin view).
+    /// Live entries (sampled into `sluice_dedup_entries`).
     pub fn len(&self) -> usize {
         self.shards
             .iter()
@@ -237,8 +231,6 @@ impl Dedup {
             let mut shard = self.shard(key);
             if shard.map.len() >= self.cap_per_shard {
                 shard.evict_oldest();
-            } else {
-                self.entries.increment(1.0);
             }
             shard.map.insert(
                 key,

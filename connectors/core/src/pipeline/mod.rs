@@ -116,6 +116,8 @@ pub struct Built {
     pub senders: Vec<SourceSender>,
     pub inputs: Vec<SinkInput>,
     pub dedup: Option<Arc<Dedup>>,
+    /// Keeps `sluice_queue_events` and `sluice_queue_bytes` current; run it on the runtime.
+    pub gauges: queue::QueueGauges,
 }
 
 pub fn build(spec: &PipelineSpec) -> Built {
@@ -160,6 +162,7 @@ pub fn build(spec: &PipelineSpec) -> Built {
         .dedup
         .filter(|d| !d.window.is_zero() && d.capacity > 0)
         .map(|d| Arc::new(Dedup::new(d, spec.dedup_persistent)));
+    let gauges = queue::QueueGauges::new(&queues, dedup.as_ref());
     let pipeline = Arc::new(Pipeline {
         sinks: queues,
         routes,
@@ -180,6 +183,7 @@ pub fn build(spec: &PipelineSpec) -> Built {
         senders,
         inputs,
         dedup,
+        gauges,
     }
 }
 
@@ -222,7 +226,13 @@ impl SourceSender {
         events: Vec<Event>,
         timeout: Duration,
     ) -> Result<Pending, Overloaded> {
-        tokio::time::timeout(timeout, self.send(events))
+        let send = self.send(events);
+        tokio::pin!(send);
+        // Fast path: with room in the queues the send completes at once, and no timer is armed.
+        if let Some(p) = futures_util::FutureExt::now_or_never(send.as_mut()) {
+            return Ok(p);
+        }
+        tokio::time::timeout(timeout, send)
             .await
             .map_err(|_| Overloaded)
     }

@@ -118,8 +118,7 @@ impl SinkQueue {
         };
         match reserved {
             Some((p1, p2, slot)) => {
-                let delivery =
-                    Delivery::new(unit.clone(), idx, self.shared.clone(), size, (p1, p2));
+                let delivery = Delivery::new(unit.clone(), idx, self.shared.clone(), (p1, p2));
                 t.queue_events.increment(1.0);
                 slot.send(SinkItem { event, delivery });
             }
@@ -147,28 +146,18 @@ impl SinkInput {
 
     /// The next item; `None` once every source is gone and the queue is drained.
     pub async fn recv(&mut self) -> Option<SinkItem> {
-        let item = self.rx.recv().await;
-        if item.is_some() {
-            self.shared.telemetry.queue_events.decrement(1.0);
-        }
-        item
+        self.rx.recv().await
     }
 
     /// Up to `limit` items appended to `buf`, waiting for at least one. Returns 0 once every
     /// source is gone and the queue is drained.
     pub async fn recv_many(&mut self, buf: &mut Vec<SinkItem>, limit: usize) -> usize {
-        let n = self.rx.recv_many(buf, limit.max(1)).await;
-        self.shared.telemetry.queue_events.decrement(n as f64);
-        n
+        self.rx.recv_many(buf, limit.max(1)).await
     }
 
     /// Whatever is queued now, without waiting.
     pub fn try_recv(&mut self) -> Option<SinkItem> {
-        let item = self.rx.try_recv().ok();
-        if item.is_some() {
-            self.shared.telemetry.queue_events.decrement(1.0);
-        }
-        item
+        self.rx.try_recv().ok()
     }
 
     /// Events waiting in the queue.
@@ -178,5 +167,77 @@ impl SinkInput {
 
     pub fn is_empty(&self) -> bool {
         self.rx.is_empty()
+    }
+}
+
+/// Samples every sink queue into `sluice_queue_events` and `sluice_queue_bytes` (events waiting
+/// in the queue; bytes held by queued and in-delivery events). Sampling keeps the per-event path
+/// free of gauge updates.
+pub struct QueueGauges {
+    queues: Vec<(
+        mpsc::WeakSender<SinkItem>,
+        Arc<Semaphore>,
+        u32,
+        Arc<SinkShared>,
+    )>,
+    dedup: Option<(std::sync::Weak<super::Dedup>, metrics::Gauge)>,
+}
+
+impl QueueGauges {
+    pub(crate) fn new(queues: &[SinkQueue], dedup: Option<&Arc<super::Dedup>>) -> Self {
+        QueueGauges {
+            dedup: dedup.map(|d| {
+                (
+                    Arc::downgrade(d),
+                    metrics::gauge!(crate::telemetry::DEDUP_ENTRIES),
+                )
+            }),
+            queues: queues
+                .iter()
+                .map(|q| {
+                    (
+                        q.tx.downgrade(),
+                        q.bytes.clone(),
+                        q.max_bytes,
+                        q.shared.clone(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Updates the gauges once. Returns false when every queue is closed.
+    pub fn sample(&self) -> bool {
+        if let Some((d, g)) = &self.dedup {
+            if let Some(d) = d.upgrade() {
+                g.set(d.len() as f64);
+            }
+        }
+        let mut open = false;
+        for (tx, bytes, max, shared) in &self.queues {
+            let t = &shared.telemetry;
+            t.queue_bytes
+                .set(f64::from(*max) - bytes.available_permits() as f64);
+            match tx.upgrade() {
+                Some(tx) => {
+                    open = true;
+                    t.queue_events
+                        .set((tx.max_capacity() - tx.capacity()) as f64);
+                }
+                None => t.queue_events.set(0.0),
+            }
+        }
+        open
+    }
+
+    /// Samples every `every` until every queue is closed.
+    pub async fn run(self, every: std::time::Duration) {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            if !self.sample() {
+                return;
+            }
+        }
     }
 }
