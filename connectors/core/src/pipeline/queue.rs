@@ -173,13 +173,12 @@ impl SinkInput {
 /// Samples every sink queue into `sluice_queue_events` and `sluice_queue_bytes` (events waiting
 /// in the queue; bytes held by queued and in-delivery events). Sampling keeps the per-event path
 /// free of gauge updates.
+/// What the sampler reads of one queue: its sender (weak: sampling must not keep it open), its
+/// byte semaphore and bound, and its gauges.
+type QueueView = (mpsc::WeakSender<SinkItem>, Arc<Semaphore>, u32, Arc<SinkShared>);
+
 pub struct QueueGauges {
-    queues: Vec<(
-        mpsc::WeakSender<SinkItem>,
-        Arc<Semaphore>,
-        u32,
-        Arc<SinkShared>,
-    )>,
+    queues: Vec<QueueView>,
     dedup: Option<(std::sync::Weak<super::Dedup>, metrics::Gauge)>,
 }
 
