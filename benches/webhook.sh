@@ -53,13 +53,15 @@ wait_port() { for _ in $(seq 1 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/nu
 start() {
   case $1 in
     bare) taskset -c "$SERVER_CPU" "$BARE" --listen 127.0.0.1:$PORT --threads 1 2>/dev/null & pid=$! ;;
-    null|log)
+    null|log|null-noht)
+      extra=""; sink=$1
+      if [ "$1" = null-noht ]; then extra=", header_timeout: 0s"; sink=null; fi
       cat > "$work/sluice-$1.yaml" <<EOF
 admin: { listen: 127.0.0.1:$ADMIN }
 sources:
-  hooks: { kind: webhook, listen: 127.0.0.1:$PORT, path: / }
+  hooks: { kind: webhook, listen: 127.0.0.1:$PORT, path: /$extra }
 sinks:
-  out: { kind: $1 }
+  out: { kind: $sink }
 routes:
   - { from: [hooks], to: [out] }
 EOF
@@ -72,7 +74,7 @@ stop() { kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; sleep 0.3; }
 # Max rate, alternating the servers round by round (this VM's speed drifts by ±15%).
 declare -A RPS P99 NON2XX RSS
 for round in $(seq 1 "$ROUNDS"); do
-  for s in bare null log; do
+  for s in bare null null-noht log; do
     start $s
     out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$work/post.lua" "http://127.0.0.1:$PORT/" 2>&1)
     RPS[$s]+="$(awk '/Requests\/sec/ {print $2}' <<<"$out") "
@@ -86,7 +88,7 @@ median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sed 's/ms$//' | sort -g | awk '{
 
 # Latency at half of each server's own median max rate.
 declare -A P50H P99H
-for s in bare null log; do
+for s in bare null null-noht log; do
   half=$(python3 -c "print(int($(median "${RPS[$s]}")/2))")
   start $s
   out=$(taskset -c "$LOAD_CPU" oha -z "$DURATION" -c "$CONNS" -q "$half" --no-tui --output-format json \
@@ -105,8 +107,12 @@ echo
 bare=$(median "${RPS[bare]}")
 echo "| server | max req/s (median) | rounds | vs ceiling | p99 at max (wrk) | p50 / p99 ms at half rate | peak RSS MB | non-2xx |"
 echo "|---|---|---|---|---|---|---|---|"
-for s in bare null log; do
-  case $s in bare) name="bare hyper (ceiling)";; *) name="sluice webhook → $s";; esac
+for s in bare null null-noht log; do
+  case $s in
+    bare) name="bare hyper (ceiling)";;
+    null-noht) name="sluice webhook → null, header_timeout: 0s";;
+    *) name="sluice webhook → $s";;
+  esac
   m=$(median "${RPS[$s]}")
   pct=$(python3 -c "print('%.0f %%' % (100*$m/$bare))")
   echo "| $name | $m | ${RPS[$s]% } | $pct | $(median "${P99[$s]}") ms | ${P50H[$s]} / ${P99H[$s]} | $(tr ' ' '\n' <<<"${RSS[$s]}" | sort -g | tail -1) | $(tr ' ' '+' <<<"${NON2XX[$s]}" | sed 's/+$//; s/^+*//' ) |"

@@ -53,6 +53,19 @@ pub async fn run(
         .map(|s| ready.register(format!("source {}", s.name)))
         .collect();
     let admin_stop = CancellationToken::new();
+    // Histogram samples are buffered until drained: drain them on a timer, or a daemon nobody
+    // scrapes would grow without bound.
+    let upkeep = metrics.clone();
+    let upkeep_stop = admin_stop.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => upkeep.run_upkeep(),
+                _ = upkeep_stop.cancelled() => return,
+            }
+        }
+    });
     if config.admin.enabled {
         let serve = admin::bind(
             config.admin.listen,

@@ -22,5 +22,5 @@ pub use contract::{
 };
 pub use event::{Data, Event, EventError, ExtValue, Timestamp};
 pub use pipeline::{
-    Delivery, Outcome, Overloaded, Pending, SinkInput, SinkItem, SourceSender, Status,
+    Delivery, Outcome, Overloaded, Pending, SendOptions, SinkInput, SinkItem, SourceSender, Status,
 };

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use sluice_core::event::{check_media_type, check_string, Data, Event, ExtValue, Timestamp};
 use sluice_core::http_binding;
 use sluice_core::telemetry::SourceTelemetry;
-use sluice_core::{SourceContext, SourceSender, Status};
+use sluice_core::{SendOptions, SourceContext, SourceSender, Status};
 
 use crate::auth::Auth;
 use crate::server::Listener;
@@ -251,13 +251,13 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
 
     let events = match route.format {
         Format::Cloudevents => match http_binding::decode_request(&parts.headers, body.clone()) {
-            Ok(Some(events)) => Ok(events),
-            Ok(None) => plain_event(route, &parts, body).map(|e| vec![e]),
+            Ok(Some(events)) => Ok((events, false)),
+            Ok(None) => plain_event(route, &parts, body).map(|(e, fresh)| (vec![e], fresh)),
             Err(e) => Err((StatusCode::BAD_REQUEST, format!("invalid CloudEvent: {e}"))),
         },
-        Format::Argo => argo_event(route, &parts, body).map(|e| vec![e]),
+        Format::Argo => argo_event(route, &parts, body).map(|(e, fresh)| (vec![e], fresh)),
     };
-    let events = match events {
+    let (events, fresh_ids) = match events {
         Ok(e) => e,
         Err((status, msg)) => {
             route.telemetry.rejected("invalid_event", 1);
@@ -268,11 +268,11 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
     if n == 0 {
         return reply(StatusCode::OK, "{\"status\":\"delivered\",\"events\":0}");
     }
-    let pending = match route
-        .sender
-        .send_timeout(events, route.accept_timeout)
-        .await
-    {
+    let opts = SendOptions {
+        timeout: Some(route.accept_timeout),
+        fresh_ids,
+    };
+    let pending = match route.sender.send_with(events, opts).await {
         Ok(p) => p,
         Err(_) => {
             route.telemetry.rejected("overloaded", n as u64);
@@ -354,16 +354,15 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> 
         .filter(|s| !s.is_empty())
 }
 
-fn event_id(route: &Route, headers: &HeaderMap, digest_input: &[u8]) -> String {
-    route
-        .id_headers
-        .iter()
-        .find_map(|h| header_str(headers, h))
-        .map(str::to_owned)
-        .unwrap_or_else(|| match route.id_fallback {
-            IdFallback::Uuid => uuid::Uuid::now_v7().to_string(),
-            IdFallback::BodySha256 => hex::encode(Sha256::digest(digest_input)),
-        })
+/// The event id, and whether it is fresh (a UUIDv7 made now, which cannot repeat).
+fn event_id(route: &Route, headers: &HeaderMap, digest_input: &[u8]) -> (String, bool) {
+    if let Some(id) = route.id_headers.iter().find_map(|h| header_str(headers, h)) {
+        return (id.to_owned(), false);
+    }
+    match route.id_fallback {
+        IdFallback::Uuid => (uuid::Uuid::now_v7().to_string(), true),
+        IdFallback::BodySha256 => (hex::encode(Sha256::digest(digest_input)), false),
+    }
 }
 
 /// `{key: [values]}` for a query string or a urlencoded form.
@@ -393,10 +392,10 @@ fn add_extensions(route: &Route, headers: &HeaderMap, e: &mut Event) -> Result<(
 }
 
 /// A plain request as a CloudEvent: data is the raw body (GET: the query as JSON).
-fn plain_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Result<Event, Reject> {
+fn plain_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Result<(Event, bool), Reject> {
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let is_get = parts.method == http::Method::GET;
-    let id = event_id(route, &parts.headers, if is_get { query } else { &body });
+    let (id, fresh) = event_id(route, &parts.headers, if is_get { query } else { &body });
     let mut e = Event::new(id, route.source.clone(), route.ty.clone())
         .with_subject(route.subject.clone())
         .with_time(Timestamp::now());
@@ -431,7 +430,7 @@ fn plain_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Resu
             format!("cannot make a CloudEvent: {err}"),
         )
     })?;
-    Ok(e)
+    Ok((e, fresh))
 }
 
 /// Go's `textproto.CanonicalMIMEHeaderKey`: `x-github-event` → `X-Github-Event`.
@@ -451,10 +450,10 @@ fn canonical(name: &str) -> String {
 }
 
 /// Argo Events' webhook event: data `{header, body, metadata}`.
-fn argo_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Result<Event, Reject> {
+fn argo_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Result<(Event, bool), Reject> {
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let is_get = parts.method == http::Method::GET;
-    let id = event_id(route, &parts.headers, if is_get { query } else { &body });
+    let (id, fresh) = event_id(route, &parts.headers, if is_get { query } else { &body });
     let mut headers: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for (k, v) in &parts.headers {
         if k == http::header::AUTHORIZATION {
@@ -502,7 +501,7 @@ fn argo_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Resul
             format!("cannot make a CloudEvent: {err}"),
         )
     })?;
-    Ok(e)
+    Ok((e, fresh))
 }
 
 #[cfg(test)]

@@ -136,17 +136,19 @@ async fn serve(
     let connections = Arc::new(Semaphore::new(listener.settings.max_connections));
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // `header_timeout: 0s` turns the header timer off (a trusted link, e.g. a sidecar on localhost).
+    let header_timeout = Some(listener.settings.header_timeout).filter(|d| !d.is_zero());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(listener.settings.header_timeout)
+        .header_read_timeout(header_timeout)
         .keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(256);
     let builder = Arc::new(builder);
-    let handshake_timeout = listener.settings.header_timeout;
+    let handshake_timeout = header_timeout.unwrap_or(Duration::from_secs(10));
     loop {
         // Take a connection slot first: beyond the cap, clients wait in the kernel backlog.
         let permit = tokio::select! {

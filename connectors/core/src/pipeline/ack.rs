@@ -51,7 +51,8 @@ struct EventState {
 }
 
 struct UnitState {
-    events: Vec<EventState>,
+    /// Most units carry one event: keep it inline, without a heap allocation.
+    events: smallvec::SmallVec<[EventState; 1]>,
     /// Deliveries outstanding, plus one while the unit is being routed.
     pending: usize,
     reason: Option<String>,
@@ -71,12 +72,13 @@ impl Unit {
         dedup: Option<Arc<Dedup>>,
     ) -> (Arc<Unit>, oneshot::Receiver<Outcome>) {
         let (tx, rx) = oneshot::channel();
-        let mut states = Vec::with_capacity(events);
-        states.resize_with(events, || EventState {
-            key: None,
-            pending: 0,
-            status: Status::Delivered,
-        });
+        let states = (0..events)
+            .map(|_| EventState {
+                key: None,
+                pending: 0,
+                status: Status::Delivered,
+            })
+            .collect();
         let unit = Arc::new(Unit {
             state: Mutex::new(UnitState {
                 events: states,

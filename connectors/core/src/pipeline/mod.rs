@@ -187,6 +187,16 @@ pub fn build(spec: &PipelineSpec) -> Built {
     }
 }
 
+/// How one inbound unit is sent.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SendOptions {
+    /// Give up waiting for queue room after this long ([`Overloaded`]).
+    pub timeout: Option<Duration>,
+    /// The events' ids were generated just now and cannot repeat (a fresh UUIDv7): they skip
+    /// the dedup window, which keeps its room for ids that can repeat.
+    pub fresh_ids: bool,
+}
+
 /// The pipeline refused to take the events within the time given (every queue they need is
 /// full): answer "retry later" upstream (HTTP 503 with `Retry-After`, broker nack).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -206,16 +216,7 @@ impl SourceSender {
     /// (that wait is the backpressure). Returns once every event is queued, deduplicated or
     /// settled; the returned [`Pending`] resolves when all of them are delivered or failed.
     pub async fn send(&self, events: Vec<Event>) -> Pending {
-        let n = events.len();
-        let (unit, rx) = Unit::new(n, self.pipeline.dedup.clone());
-        let mut guard = RoutingGuard::new(unit);
-        self.telemetry.received.increment(n as u64);
-        let mut targets = Vec::new();
-        for (idx, event) in events.into_iter().enumerate() {
-            self.route_one(&mut guard, &mut targets, idx, event).await;
-        }
-        guard.finish();
-        Pending { rx }
+        self.dispatch(events, SendOptions::default()).await
     }
 
     /// [`SourceSender::send`] with a bound on the wait for queue space. On `Err(Overloaded)`
@@ -226,7 +227,26 @@ impl SourceSender {
         events: Vec<Event>,
         timeout: Duration,
     ) -> Result<Pending, Overloaded> {
-        let send = self.send(events);
+        self.send_with(
+            events,
+            SendOptions {
+                timeout: Some(timeout),
+                ..SendOptions::default()
+            },
+        )
+        .await
+    }
+
+    /// [`SourceSender::send`] with options.
+    pub async fn send_with(
+        &self,
+        events: Vec<Event>,
+        opts: SendOptions,
+    ) -> Result<Pending, Overloaded> {
+        let send = self.dispatch(events, opts);
+        let Some(timeout) = opts.timeout else {
+            return Ok(send.await);
+        };
         tokio::pin!(send);
         // Fast path: with room in the queues the send completes at once, and no timer is armed.
         if let Some(p) = futures_util::FutureExt::now_or_never(send.as_mut()) {
@@ -237,15 +257,35 @@ impl SourceSender {
             .map_err(|_| Overloaded)
     }
 
+    async fn dispatch(&self, events: Vec<Event>, opts: SendOptions) -> Pending {
+        let n = events.len();
+        let dedup = if opts.fresh_ids {
+            None
+        } else {
+            self.pipeline.dedup.as_ref()
+        };
+        let (unit, rx) = Unit::new(n, dedup.cloned());
+        let mut guard = RoutingGuard::new(unit);
+        self.telemetry.received.increment(n as u64);
+        let mut targets = Vec::new();
+        for (idx, event) in events.into_iter().enumerate() {
+            self.route_one(&mut guard, &mut targets, dedup, idx, event)
+                .await;
+        }
+        guard.finish();
+        Pending { rx }
+    }
+
     async fn route_one(
         &self,
         guard: &mut RoutingGuard,
         targets: &mut Vec<usize>,
+        dedup: Option<&Arc<Dedup>>,
         idx: usize,
         event: Event,
     ) {
         let p = &*self.pipeline;
-        if let Some(dedup) = &p.dedup {
+        if let Some(dedup) = dedup {
             let key = dedup_key(&event.source, &event.id);
             match dedup.check(key) {
                 Check::New => guard.unit.set_key(idx, key),
@@ -411,6 +451,16 @@ mod tests {
         let out3 = s.send(vec![ev("1")]).await.await;
         assert_eq!((out3.status, out3.duplicates), (Status::Delivered, 1));
         assert!(b.inputs[0].try_recv().is_none(), "nothing forwarded twice");
+    }
+
+    #[tokio::test]
+    async fn fresh_ids_skip_the_dedup_window() {
+        let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
+        let fresh = SendOptions { fresh_ids: true, ..SendOptions::default() };
+        let p = b.senders[0].send_with(vec![ev("u-1")], fresh).await.unwrap();
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        assert!(p.await.is_delivered());
+        assert!(b.dedup.as_ref().unwrap().is_empty(), "nothing recorded");
     }
 
     #[tokio::test]

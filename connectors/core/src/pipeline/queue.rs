@@ -89,8 +89,15 @@ impl SinkQueue {
         let t = &self.shared.telemetry;
         let reserved = match self.when_full {
             WhenFull::Block => {
-                let p1 = self.bytes.clone().acquire_many_owned(size).await;
-                let p2 = self.budget.clone().acquire_many_owned(gsize).await;
+                // Try without waiting first: the common case, and no futures to set up.
+                let p1 = match self.bytes.clone().try_acquire_many_owned(size) {
+                    Ok(p) => Ok(p),
+                    Err(_) => self.bytes.clone().acquire_many_owned(size).await,
+                };
+                let p2 = match self.budget.clone().try_acquire_many_owned(gsize) {
+                    Ok(p) => Ok(p),
+                    Err(_) => self.budget.clone().acquire_many_owned(gsize).await,
+                };
                 match (p1, p2, self.tx.reserve().await) {
                     (Ok(p1), Ok(p2), Ok(slot)) => Some((p1, p2, slot)),
                     _ => None,
