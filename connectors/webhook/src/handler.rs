@@ -392,7 +392,11 @@ fn add_extensions(route: &Route, headers: &HeaderMap, e: &mut Event) -> Result<(
 }
 
 /// A plain request as a CloudEvent: data is the raw body (GET: the query as JSON).
-fn plain_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Result<(Event, bool), Reject> {
+fn plain_event(
+    route: &Route,
+    parts: &http::request::Parts,
+    body: Bytes,
+) -> Result<(Event, bool), Reject> {
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let is_get = parts.method == http::Method::GET;
     let (id, fresh) = event_id(route, &parts.headers, if is_get { query } else { &body });
@@ -450,7 +454,11 @@ fn canonical(name: &str) -> String {
 }
 
 /// Argo Events' webhook event: data `{header, body, metadata}`.
-fn argo_event(route: &Route, parts: &http::request::Parts, body: Bytes) -> Result<(Event, bool), Reject> {
+fn argo_event(
+    route: &Route,
+    parts: &http::request::Parts,
+    body: Bytes,
+) -> Result<(Event, bool), Reject> {
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let is_get = parts.method == http::Method::GET;
     let (id, fresh) = event_id(route, &parts.headers, if is_get { query } else { &body });

@@ -136,12 +136,14 @@ async fn serve(
     let connections = Arc::new(Semaphore::new(listener.settings.max_connections));
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // `header_timeout: 0s` turns the header timer off (a trusted link, e.g. a sidecar on localhost).
+    // The header timeout is enforced per connection by `serve_watched`, not by hyper's per-request
+    // timer (which boxes and registers a new timer for every request).
+    // `header_timeout: 0s` turns it off (a trusted link, e.g. a sidecar on localhost).
     let header_timeout = Some(listener.settings.header_timeout).filter(|d| !d.is_zero());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
+        .header_read_timeout(None)
         .keep_alive(true);
     builder
         .http2()
@@ -173,18 +175,30 @@ async fn serve(
         let tls = tls.as_ref().map(|t| t.current.load_full());
         tokio::spawn(async move {
             let _permit = permit;
-            let svc = service_fn(move |req| handler::handle(l.clone(), req));
+            let idle = Arc::new(Idle::new());
+            let svc = {
+                let idle = idle.clone();
+                service_fn(move |req| {
+                    let busy = idle.busy();
+                    let fut = handler::handle(l.clone(), req);
+                    async move {
+                        let r = fut.await;
+                        drop(busy);
+                        r
+                    }
+                })
+            };
             match tls {
                 None => {
                     let conn = b.serve_connection(TokioIo::new(stream), svc).into_owned();
-                    let _ = watcher.watch(conn).await;
+                    serve_watched(watcher.watch(conn), &idle, header_timeout).await;
                 }
                 Some(sc) => {
                     let acceptor = TlsAcceptor::from(sc);
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                         Ok(Ok(s)) => {
                             let conn = b.serve_connection(TokioIo::new(s), svc).into_owned();
-                            let _ = watcher.watch(conn).await;
+                            serve_watched(watcher.watch(conn), &idle, header_timeout).await;
                         }
                         Ok(Err(e)) => tracing::debug!(error = %e, "webhook: TLS handshake failed"),
                         Err(_) => tracing::debug!("webhook: TLS handshake timed out"),
@@ -198,4 +212,77 @@ async fn serve(
     drop(tcp);
     graceful.shutdown().await;
     listener.done.cancel();
+}
+
+/// When a connection last became idle (no request being handled), and how many requests it is
+/// handling now.
+struct Idle {
+    base: tokio::time::Instant,
+    since_ms: std::sync::atomic::AtomicU64,
+    active: std::sync::atomic::AtomicUsize,
+}
+
+impl Idle {
+    fn new() -> Self {
+        Idle {
+            base: tokio::time::Instant::now(),
+            since_ms: std::sync::atomic::AtomicU64::new(0),
+            active: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn busy(self: &Arc<Self>) -> BusyGuard {
+        self.active
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        BusyGuard(self.clone())
+    }
+
+    fn idle_since(&self) -> tokio::time::Instant {
+        self.base + Duration::from_millis(self.since_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+struct BusyGuard(Arc<Idle>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        let idle = &self.0;
+        let ms = idle.base.elapsed().as_millis() as u64;
+        idle.since_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+        idle.active
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Serves `conn`, closing it when it has been idle — connected or past its last response, with
+/// no request handled — for `timeout`: a client must send its request headers within that time.
+/// One timer per connection, re-armed only when it fires, instead of one per request.
+async fn serve_watched<F: std::future::Future>(conn: F, idle: &Idle, timeout: Option<Duration>) {
+    let Some(timeout) = timeout else {
+        conn.await;
+        return;
+    };
+    tokio::pin!(conn);
+    let sleep = tokio::time::sleep_until(idle.base + timeout);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            _ = &mut conn => return,
+            _ = &mut sleep => {
+                let now = tokio::time::Instant::now();
+                if idle.active.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                    // A request is being handled: its body has its own timeout.
+                    sleep.as_mut().reset(now + timeout);
+                    continue;
+                }
+                let deadline = idle.idle_since() + timeout;
+                if now >= deadline {
+                    tracing::debug!("webhook: no request headers within header_timeout; closing the connection");
+                    return;
+                }
+                sleep.as_mut().reset(deadline);
+            }
+        }
+    }
 }

@@ -456,8 +456,14 @@ mod tests {
     #[tokio::test]
     async fn fresh_ids_skip_the_dedup_window() {
         let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
-        let fresh = SendOptions { fresh_ids: true, ..SendOptions::default() };
-        let p = b.senders[0].send_with(vec![ev("u-1")], fresh).await.unwrap();
+        let fresh = SendOptions {
+            fresh_ids: true,
+            ..SendOptions::default()
+        };
+        let p = b.senders[0]
+            .send_with(vec![ev("u-1")], fresh)
+            .await
+            .unwrap();
         b.inputs[0].recv().await.unwrap().delivery.delivered();
         assert!(p.await.is_delivered());
         assert!(b.dedup.as_ref().unwrap().is_empty(), "nothing recorded");

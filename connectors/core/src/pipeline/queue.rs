@@ -182,7 +182,12 @@ impl SinkInput {
 /// free of gauge updates.
 /// What the sampler reads of one queue: its sender (weak: sampling must not keep it open), its
 /// byte semaphore and bound, and its gauges.
-type QueueView = (mpsc::WeakSender<SinkItem>, Arc<Semaphore>, u32, Arc<SinkShared>);
+type QueueView = (
+    mpsc::WeakSender<SinkItem>,
+    Arc<Semaphore>,
+    u32,
+    Arc<SinkShared>,
+);
 
 pub struct QueueGauges {
     queues: Vec<QueueView>,
