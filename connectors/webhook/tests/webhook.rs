@@ -884,3 +884,43 @@ mod tls {
         );
     }
 }
+
+#[tokio::test]
+async fn header_timeout_closes_idle_keepalive_but_not_a_request_in_progress() {
+    let mut h = start(
+        "watchdog",
+        json!({"header_timeout": "300ms", "ack_timeout": "5s"}),
+    )
+    .await;
+    let mut cap = h.capture.take().unwrap();
+    // One request, answered; then silence on the kept-alive connection: closed.
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    let item = cap.next_within(Duration::from_secs(5)).await;
+    // The sink holds the event longer than header_timeout: the connection must stay open.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    item.delivery.delivered();
+    let mut buf = vec![0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    let started = Instant::now();
+    let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+        .await
+        .expect("closed by the watchdog")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed without a response");
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        started.elapsed()
+    );
+}

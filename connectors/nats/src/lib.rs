@@ -1,0 +1,531 @@
+//! `kind: nats` — publishes events to NATS: JetStream (acknowledged, deduplicated by
+//! `Nats-Msg-Id`) or core NATS (fire and forget after a flush).
+
+mod subject;
+
+use std::path::PathBuf;
+use std::time::Duration as StdDuration;
+
+use async_nats::jetstream::{self, stream};
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use futures_util::stream::{FuturesOrdered, StreamExt};
+use serde::Deserialize;
+use sluice_core::event::{Event, Timestamp};
+use sluice_core::http_binding::encode_header_value;
+use sluice_core::pipeline::dedup_key;
+use sluice_core::units::Duration;
+use sluice_core::{
+    format, BoxFuture, ConnectorError, Delivery, Running, SinkConfig, SinkContext, SinkItem,
+};
+
+pub use subject::Template;
+
+/// How events travel (CloudEvents NATS binding).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// `ce-*` headers (including `ce-datacontenttype`), data as the payload (default).
+    #[default]
+    Binary,
+    /// The whole event as JSON, `Content-Type: application/cloudevents+json`.
+    Structured,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Format {
+    /// The CloudEvents NATS binding (default).
+    #[default]
+    Cloudevents,
+    /// Argo Events' JetStream EventBus: stream `default`, subject `default.<source>.<subject>`,
+    /// structured JSON, `Nats-Msg-Id` = the event id.
+    ArgoEventbus,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Storage {
+    #[default]
+    File,
+    Memory,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Retention {
+    #[default]
+    Limits,
+    Interest,
+    Workqueue,
+}
+
+/// `jetstream.create`: create the stream when it does not exist.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateStream {
+    pub subjects: Vec<String>,
+    #[serde(default)]
+    pub storage: Storage,
+    #[serde(default = "one")]
+    pub replicas: usize,
+    /// The window in which JetStream drops a repeated `Nats-Msg-Id`. Default 10m.
+    #[serde(default = "ten_minutes")]
+    pub duplicate_window: Duration,
+    #[serde(default)]
+    pub retention: Retention,
+}
+
+fn one() -> usize {
+    1
+}
+fn ten_minutes() -> Duration {
+    Duration::from_secs(600)
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JetStreamConfig {
+    /// The stream events must land in.
+    pub stream: String,
+    /// Create it if missing (refuse to start when it exists with incompatible settings).
+    pub create: Option<CreateStream>,
+}
+
+/// `auth:` — one of user/password, token, nkey seed, credentials file.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub token: Option<String>,
+    pub nkey: Option<String>,
+    pub credentials: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("user", &self.user)
+            .field("credentials", &self.credentials)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM CA bundle to trust.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key (mTLS).
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+/// `kind: nats` options.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsConfig {
+    /// Server URL(s), comma-separated. Default `nats://127.0.0.1:4222`.
+    #[serde(default = "default_url")]
+    pub url: String,
+    /// Subject template over event attributes: `{source}`, `{type}`, `{subject}`, `{id}`, or an
+    /// extension name. Default `events.{source}.{type}`.
+    #[serde(default = "default_subject")]
+    pub subject: String,
+    #[serde(default)]
+    pub mode: Mode,
+    /// Publish to JetStream and count an event delivered on its PubAck.
+    pub jetstream: Option<JetStreamConfig>,
+    #[serde(default)]
+    pub format: Format,
+    /// JetStream publishes awaiting their PubAck at once. Default 256.
+    #[serde(default = "default_window")]
+    pub max_in_flight: usize,
+    /// How long a publish may wait for its PubAck. Default 10s.
+    #[serde(default = "default_ack_timeout")]
+    pub ack_timeout: Duration,
+    pub auth: Option<AuthConfig>,
+    pub tls: Option<TlsConfig>,
+}
+
+fn default_url() -> String {
+    "nats://127.0.0.1:4222".into()
+}
+fn default_subject() -> String {
+    "events.{source}.{type}".into()
+}
+fn default_window() -> usize {
+    256
+}
+fn default_ack_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl NatsConfig {
+    fn effective(&self) -> (String, Option<JetStreamConfig>, Mode) {
+        match self.format {
+            Format::Cloudevents => (self.subject.clone(), self.jetstream.clone(), self.mode),
+            Format::ArgoEventbus => {
+                let js = self.jetstream.clone().unwrap_or(JetStreamConfig {
+                    stream: "default".into(),
+                    create: Some(CreateStream {
+                        subjects: vec!["default.*.*".into()],
+                        storage: Storage::File,
+                        replicas: 1,
+                        duplicate_window: Duration::from_secs(300),
+                        retention: Retention::Limits,
+                    }),
+                });
+                (
+                    "default.{source}.{subject}".into(),
+                    Some(js),
+                    Mode::Structured,
+                )
+            }
+        }
+    }
+}
+
+impl SinkConfig for NatsConfig {
+    fn validate(&self, _name: &str) -> Result<(), String> {
+        Template::parse(&self.effective().0)?;
+        if self.max_in_flight == 0 {
+            return Err("max_in_flight must be at least 1".into());
+        }
+        if let Some(a) = &self.auth {
+            let n = [
+                a.user.is_some(),
+                a.token.is_some(),
+                a.nkey.is_some(),
+                a.credentials.is_some(),
+            ]
+            .iter()
+            .filter(|x| **x)
+            .count();
+            if n != 1 {
+                return Err(
+                    "auth: give exactly one of user (with password), token, nkey, credentials"
+                        .into(),
+                );
+            }
+            if a.user.is_some() != a.password.is_some() {
+                return Err("auth: user and password go together".into());
+            }
+        }
+        if let Some(t) = &self.tls {
+            if t.cert.is_some() != t.key.is_some() {
+                return Err("tls: cert and key go together".into());
+            }
+        }
+        Ok(())
+    }
+
+    fn build(
+        self: Box<Self>,
+        ctx: SinkContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+        Box::pin(async move {
+            let name = ctx.name.clone();
+            let err = |m: String| ConnectorError(format!("nats sink {name}: {m}"));
+            let (subject, js, mode) = self.effective();
+            let template = Template::parse(&subject).map_err(err)?;
+            let client = connect(&self).await.map_err(err)?;
+            let publisher = match &js {
+                Some(js) => {
+                    let context = jetstream::new(client.clone());
+                    ensure_stream(&context, js).await.map_err(err)?;
+                    Publisher::JetStream(context)
+                }
+                None => Publisher::Core(client.clone()),
+            };
+            let sink = NatsSink {
+                name: ctx.name.clone(),
+                template,
+                mode,
+                argo: self.format == Format::ArgoEventbus,
+                publisher,
+                window: self.max_in_flight,
+                ack_timeout: self.ack_timeout.get(),
+            };
+            Ok(Box::pin(sink.run(ctx)) as Running)
+        })
+    }
+}
+
+async fn connect(cfg: &NatsConfig) -> Result<async_nats::Client, String> {
+    let mut opts = async_nats::ConnectOptions::new()
+        .name("sluice")
+        .retry_on_initial_connect()
+        .connection_timeout(StdDuration::from_secs(5));
+    if let Some(a) = &cfg.auth {
+        if let (Some(u), Some(p)) = (&a.user, &a.password) {
+            opts = opts.user_and_password(u.clone(), p.clone());
+        }
+        if let Some(t) = &a.token {
+            opts = opts.token(t.clone());
+        }
+        if let Some(seed) = &a.nkey {
+            opts = opts.nkey(seed.clone());
+        }
+        if let Some(path) = &a.credentials {
+            opts = opts
+                .credentials_file(path)
+                .await
+                .map_err(|e| format!("auth.credentials {}: {e}", path.display()))?;
+        }
+    }
+    if let Some(t) = &cfg.tls {
+        opts = opts.require_tls(true);
+        if let Some(ca) = &t.ca {
+            opts = opts.add_root_certificates(ca.clone());
+        }
+        if let (Some(c), Some(k)) = (&t.cert, &t.key) {
+            opts = opts.add_client_certificate(c.clone(), k.clone());
+        }
+    }
+    // Fail the build when the server cannot be reached at all, rather than buffering blindly.
+    let connecting = opts.connect(cfg.url.as_str());
+    match tokio::time::timeout(StdDuration::from_secs(10), connecting).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(format!("cannot connect to {}: {e}", cfg.url)),
+        Err(_) => Err(format!(
+            "cannot connect to {} within 10s; is the server up?",
+            cfg.url
+        )),
+    }
+}
+
+async fn ensure_stream(context: &jetstream::Context, js: &JetStreamConfig) -> Result<(), String> {
+    match context.get_stream(&js.stream).await {
+        Ok(mut s) => {
+            let info = s
+                .info()
+                .await
+                .map_err(|e| format!("stream {}: {e}", js.stream))?;
+            if let Some(want) = &js.create {
+                let have = &info.config;
+                let mut problems = Vec::new();
+                for subj in &want.subjects {
+                    if !have.subjects.contains(subj) {
+                        problems.push(format!("subjects {:?} lack {subj:?}", have.subjects));
+                    }
+                }
+                if have.duplicate_window != want.duplicate_window.get() {
+                    problems.push(format!(
+                        "duplicate_window is {:?}, the config asks {:?}",
+                        have.duplicate_window,
+                        want.duplicate_window.get()
+                    ));
+                }
+                let storage = match want.storage {
+                    Storage::File => stream::StorageType::File,
+                    Storage::Memory => stream::StorageType::Memory,
+                };
+                if have.storage != storage {
+                    problems.push(format!(
+                        "storage is {:?}, the config asks {:?}",
+                        have.storage, storage
+                    ));
+                }
+                if !problems.is_empty() {
+                    return Err(format!(
+                        "stream {} exists with incompatible settings: {}; change the config or the stream",
+                        js.stream,
+                        problems.join("; ")
+                    ));
+                }
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let Some(c) = &js.create else {
+                return Err(format!(
+                    "stream {} is not available ({e}); create it or set jetstream.create",
+                    js.stream
+                ));
+            };
+            context
+                .create_stream(stream::Config {
+                    name: js.stream.clone(),
+                    subjects: c.subjects.clone(),
+                    storage: match c.storage {
+                        Storage::File => stream::StorageType::File,
+                        Storage::Memory => stream::StorageType::Memory,
+                    },
+                    num_replicas: c.replicas,
+                    duplicate_window: c.duplicate_window.get(),
+                    retention: match c.retention {
+                        Retention::Limits => stream::RetentionPolicy::Limits,
+                        Retention::Interest => stream::RetentionPolicy::Interest,
+                        Retention::Workqueue => stream::RetentionPolicy::WorkQueue,
+                    },
+                    ..Default::default()
+                })
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("cannot create stream {}: {e}", js.stream))
+        }
+    }
+}
+
+enum Publisher {
+    JetStream(jetstream::Context),
+    Core(async_nats::Client),
+}
+
+struct NatsSink {
+    name: String,
+    template: Template,
+    mode: Mode,
+    argo: bool,
+    publisher: Publisher,
+    window: usize,
+    ack_timeout: StdDuration,
+}
+
+/// The `Nats-Msg-Id` of an event: its dedup key, so repeats within the stream's duplicate window
+/// are dropped by JetStream itself, across our restarts and replicas.
+pub fn msg_id(e: &Event) -> String {
+    hex::encode(dedup_key(&e.source, &e.id).to_be_bytes())
+}
+
+impl NatsSink {
+    /// Headers and payload for one event.
+    fn encode(&self, e: &Event) -> (HeaderMap, Bytes) {
+        let mut h = HeaderMap::new();
+        let id = if self.argo { e.id.clone() } else { msg_id(e) };
+        h.insert("Nats-Msg-Id", id.as_str());
+        match self.mode {
+            Mode::Structured => {
+                h.insert("Content-Type", format::STRUCTURED_CONTENT_TYPE);
+                (h, Bytes::from(format::encode_event(e)))
+            }
+            Mode::Binary => {
+                let mut put = |k: &str, v: &str| {
+                    h.insert(k, encode_header_value(v).to_str().unwrap_or_default());
+                };
+                put("ce-specversion", "1.0");
+                put("ce-id", &e.id);
+                put("ce-source", &e.source);
+                put("ce-type", &e.ty);
+                if let Some(v) = &e.datacontenttype {
+                    put("ce-datacontenttype", v);
+                }
+                if let Some(v) = &e.dataschema {
+                    put("ce-dataschema", v);
+                }
+                if let Some(v) = &e.subject {
+                    put("ce-subject", v);
+                }
+                if let Some(v) = &e.time {
+                    put("ce-time", Timestamp::as_str(v));
+                }
+                for (n, v) in &e.extensions {
+                    put(&format!("ce-{n}"), &v.to_canonical());
+                }
+                (h, e.data.as_bytes().cloned().unwrap_or_default())
+            }
+        }
+    }
+
+    async fn run(self, ctx: SinkContext) -> Result<(), ConnectorError> {
+        match &self.publisher {
+            Publisher::JetStream(js) => self.run_jetstream(js.clone(), ctx).await,
+            Publisher::Core(client) => self.run_core(client.clone(), ctx).await,
+        }
+    }
+
+    /// Pipelined: up to `window` publishes await their PubAck at once; each event is delivered
+    /// on its own PubAck (a duplicate PubAck counts: the stream has the message).
+    async fn run_jetstream(
+        &self,
+        js: jetstream::Context,
+        mut ctx: SinkContext,
+    ) -> Result<(), ConnectorError> {
+        type Acking = std::pin::Pin<
+            Box<dyn std::future::Future<Output = (Delivery, Result<(), String>)> + Send>,
+        >;
+        let mut batch: Vec<SinkItem> = Vec::with_capacity(self.window);
+        let mut in_flight: FuturesOrdered<Acking> = FuturesOrdered::new();
+        loop {
+            let room = self.window - in_flight.len();
+            tokio::select! {
+                biased;
+                Some((delivery, result)) = in_flight.next(), if !in_flight.is_empty() => settle(delivery, result),
+                n = ctx.input.recv_many(&mut batch, room), if room > 0 => {
+                    if n == 0 {
+                        break;
+                    }
+                    for SinkItem { event, delivery } in batch.drain(..) {
+                        let subject = self.template.render(&event);
+                        let (headers, payload) = self.encode(&event);
+                        match js.publish_with_headers(subject, headers, payload).await {
+                            Ok(ack) => {
+                                let timeout = self.ack_timeout;
+                                in_flight.push_back(Box::pin(async move {
+                                    let r = match tokio::time::timeout(timeout, ack).await {
+                                        Ok(Ok(_)) => Ok(()),
+                                        Ok(Err(e)) => Err(format!("JetStream did not acknowledge: {e}")),
+                                        Err(_) => Err(format!("no PubAck within {timeout:?}")),
+                                    };
+                                    (delivery, r)
+                                }));
+                            }
+                            Err(e) => delivery.failed(format!("publish failed: {e}")),
+                        }
+                    }
+                }
+                _ = ctx.shutdown.cancelled() => break,
+            }
+        }
+        // Drain: the outstanding PubAcks, each bounded by ack_timeout.
+        while let Some((delivery, result)) = in_flight.next().await {
+            settle(delivery, result);
+        }
+        tracing::debug!(sink = %self.name, "nats: stopped");
+        Ok(())
+    }
+
+    /// Core NATS has no acknowledgement: a batch is delivered once the client flushed it to the
+    /// server. Say so in the docs: the server may still drop it (no subscriber, slow consumer).
+    async fn run_core(
+        &self,
+        client: async_nats::Client,
+        mut ctx: SinkContext,
+    ) -> Result<(), ConnectorError> {
+        let mut batch: Vec<SinkItem> = Vec::with_capacity(self.window);
+        loop {
+            let n = tokio::select! {
+                n = ctx.input.recv_many(&mut batch, self.window) => n,
+                _ = ctx.shutdown.cancelled() => 0,
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            let mut sent = Vec::with_capacity(n);
+            for SinkItem { event, delivery } in batch.drain(..) {
+                let subject = self.template.render(&event);
+                let (headers, payload) = self.encode(&event);
+                match client.publish_with_headers(subject, headers, payload).await {
+                    Ok(()) => sent.push(delivery),
+                    Err(e) => delivery.failed(format!("publish failed: {e}")),
+                }
+            }
+            match tokio::time::timeout(self.ack_timeout, client.flush()).await {
+                Ok(Ok(())) => sent.into_iter().for_each(Delivery::delivered),
+                Ok(Err(e)) => sent
+                    .into_iter()
+                    .for_each(|d| d.failed(format!("flush failed: {e}"))),
+                Err(_) => sent.into_iter().for_each(|d| d.failed("flush timed out")),
+            }
+        }
+    }
+}
+
+fn settle(delivery: Delivery, result: Result<(), String>) {
+    match result {
+        Ok(()) => delivery.delivered(),
+        Err(reason) => delivery.failed(reason),
+    }
+}
