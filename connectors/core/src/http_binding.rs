@@ -110,6 +110,19 @@ pub fn decode_header_value(name: &str, raw: &HeaderValue) -> Result<String, Even
     })
 }
 
+/// The value percent-encoded for a `ce-` header, borrowed when nothing needs encoding (the
+/// common case: ids, URIs and type names are visible ASCII without `"` or `%`).
+pub fn percent_encode_value(value: &str) -> std::borrow::Cow<'_, str> {
+    if value
+        .bytes()
+        .all(|b| (0x21..=0x7e).contains(&b) && b != b'"' && b != b'%')
+    {
+        std::borrow::Cow::Borrowed(value)
+    } else {
+        std::borrow::Cow::Owned(utf8_percent_encode(value, HEADER_ENCODE).to_string())
+    }
+}
+
 /// Percent-encodes an attribute value for a `ce-` header.
 pub fn encode_header_value(value: &str) -> HeaderValue {
     let encoded = utf8_percent_encode(value, HEADER_ENCODE).to_string();
@@ -250,6 +263,11 @@ mod tests {
 
     #[test]
     fn percent_encoding_follows_the_binding() {
+        assert!(matches!(
+            percent_encode_value("com.example/x?y=1"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(percent_encode_value("a b"), "a%20b");
         assert_eq!(
             encode_header_value("Euro € 😀"),
             "Euro%20%E2%82%AC%20%F0%9F%98%80"

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use serde::Deserialize;
 use sluice_core::event::{Event, Timestamp};
-use sluice_core::http_binding::encode_header_value;
+use sluice_core::http_binding::percent_encode_value;
 use sluice_core::pipeline::dedup_key;
 use sluice_core::units::Duration;
 use sluice_core::{
@@ -403,7 +403,7 @@ impl NatsSink {
             }
             Mode::Binary => {
                 let mut put = |k: &str, v: &str| {
-                    h.insert(k, encode_header_value(v).to_str().unwrap_or_default());
+                    h.insert(k, percent_encode_value(v).as_ref());
                 };
                 put("ce-specversion", "1.0");
                 put("ce-id", &e.id);
