@@ -12,16 +12,9 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
+use sluice_core::testkit::free_port;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Daemon {
     child: Child,

@@ -15,6 +15,14 @@ use crate::pipeline::{
 };
 use crate::state::{MemoryStateStore, StateStore};
 
+/// A TCP port that was free a moment ago on 127.0.0.1 (for servers a test starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("testkit: no free port on 127.0.0.1")
+}
+
 /// The process-wide Prometheus recorder for tests (installed once).
 pub fn metrics() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();

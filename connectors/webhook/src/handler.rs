@@ -425,9 +425,19 @@ fn plain_event(
         let data = Data::from_bytes(body, ct.as_deref());
         e = e.with_data(ct, data);
     }
-    add_extensions(route, &parts.headers, &mut e)?;
-    // type, source and subject come from the checked config and the content type was checked
-    // above: only the id, which may come from a request header, is left to check.
+    finish(route, &parts.headers, e, fresh)
+}
+
+/// The common end of a generated event: extensions from headers, then the one check left. Type,
+/// source and subject come from the config (checked at start) and the content type was checked
+/// by the caller; only the id, which may come from a request header, is left.
+fn finish(
+    route: &Route,
+    headers: &HeaderMap,
+    mut e: Event,
+    fresh: bool,
+) -> Result<(Event, bool), Reject> {
+    add_extensions(route, headers, &mut e)?;
     check_string("id", &e.id, true).map_err(|err| {
         (
             StatusCode::BAD_REQUEST,
@@ -496,20 +506,11 @@ fn argo_event(
     data.extend_from_slice(b",\"metadata\":");
     data.extend_from_slice(&route.metadata);
     data.push(b'}');
-    let mut e = Event::new(id, route.source.clone(), route.ty.clone())
+    let e = Event::new(id, route.source.clone(), route.ty.clone())
         .with_subject(route.subject.clone())
         .with_time(Timestamp::now())
         .with_json(data);
-    add_extensions(route, &parts.headers, &mut e)?;
-    // type, source and subject come from the checked config and the content type was checked
-    // above: only the id, which may come from a request header, is left to check.
-    check_string("id", &e.id, true).map_err(|err| {
-        (
-            StatusCode::BAD_REQUEST,
-            format!("cannot make a CloudEvent: {err}"),
-        )
-    })?;
-    Ok((e, fresh))
+    finish(route, &parts.headers, e, fresh)
 }
 
 #[cfg(test)]

@@ -11,19 +11,12 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use sluice_core::pipeline::WhenFull;
+use sluice_core::testkit::free_port;
 use sluice_core::testkit::{assert_source_telemetry, metric, Capture, SourceRig};
 use sluice_core::{format, ExtValue, SourceConfig, Status};
 use sluice_webhook::WebhookConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Hook {
     addr: SocketAddr,
