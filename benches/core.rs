@@ -110,7 +110,7 @@ fn dedup(c: &mut Criterion) {
             .collect();
         for k in &keys {
             d.check_at(*k, 1);
-            d.confirm(*k);
+            d.confirm(*k, 1);
         }
         let mut i = 0;
         b.iter(|| {
@@ -124,7 +124,7 @@ fn dedup(c: &mut Criterion) {
             || dedup_key("s", &uuid_like()),
             |k| {
                 d.check_at(k, 1);
-                d.forget(k);
+                d.forget(k, 1);
             },
             BatchSize::SmallInput,
         )

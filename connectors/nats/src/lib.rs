@@ -9,7 +9,7 @@ use std::time::Duration as StdDuration;
 use async_nats::jetstream::{self, stream};
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use futures_util::stream::{FuturesOrdered, StreamExt};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::Deserialize;
 use sluice_core::event::{Event, Timestamp};
 use sluice_core::http_binding::percent_encode_value;
@@ -139,7 +139,7 @@ pub struct NatsConfig {
     pub jetstream: Option<JetStreamConfig>,
     #[serde(default)]
     pub format: Format,
-    /// JetStream publishes awaiting their PubAck at once. Default 256.
+    /// JetStream publishes awaiting their PubAck at once (1 to 4096). Default 256.
     #[serde(default = "default_window")]
     pub max_in_flight: usize,
     /// How long a publish may wait for its PubAck. Default 10s.
@@ -190,8 +190,9 @@ impl NatsConfig {
 impl SinkConfig for NatsConfig {
     fn validate(&self, _name: &str) -> Result<(), String> {
         Template::parse(&self.effective().0)?;
-        if self.max_in_flight == 0 {
-            return Err("max_in_flight must be at least 1".into());
+        // async-nats allows 5000 PubAcks in flight per context; stay below it.
+        if self.max_in_flight == 0 || self.max_in_flight > 4096 {
+            return Err("max_in_flight must be between 1 and 4096".into());
         }
         if let Some(a) = &self.auth {
             let n = [
@@ -233,7 +234,10 @@ impl SinkConfig for NatsConfig {
             let client = connect(&self).await.map_err(err)?;
             let publisher = match &js {
                 Some(js) => {
-                    let context = jetstream::new(client.clone());
+                    let mut context = jetstream::new(client.clone());
+                    // The client's own request timeout (5s by default) bounds every publish and
+                    // PubAck wait: make it ours.
+                    context.set_timeout(self.ack_timeout.get());
                     ensure_stream(&context, js).await.map_err(err)?;
                     Publisher::JetStream(context)
                 }
@@ -447,11 +451,14 @@ impl NatsSink {
             Box<dyn std::future::Future<Output = (Delivery, Result<(), String>)> + Send>,
         >;
         let mut batch: Vec<SinkItem> = Vec::with_capacity(self.window);
-        let mut in_flight: FuturesOrdered<Acking> = FuturesOrdered::new();
+        // Acks are independent: settle each as it arrives, so one slow PubAck holds no others.
+        let mut in_flight: FuturesUnordered<Acking> = FuturesUnordered::new();
         loop {
             let room = self.window - in_flight.len();
             tokio::select! {
                 biased;
+                // Grace over: stop taking events (those queued are reported failed on drop).
+                _ = ctx.shutdown.cancelled() => break,
                 Some((delivery, result)) = in_flight.next(), if !in_flight.is_empty() => settle(delivery, result),
                 n = ctx.input.recv_many(&mut batch, room), if room > 0 => {
                     if n == 0 {
@@ -463,7 +470,7 @@ impl NatsSink {
                         match js.publish_with_headers(subject, headers, payload).await {
                             Ok(ack) => {
                                 let timeout = self.ack_timeout;
-                                in_flight.push_back(Box::pin(async move {
+                                in_flight.push(Box::pin(async move {
                                     let r = match tokio::time::timeout(timeout, ack).await {
                                         Ok(Ok(_)) => Ok(()),
                                         Ok(Err(e)) => Err(format!("JetStream did not acknowledge: {e}")),
@@ -476,7 +483,6 @@ impl NatsSink {
                         }
                     }
                 }
-                _ = ctx.shutdown.cancelled() => break,
             }
         }
         // Drain: the outstanding PubAcks, each bounded by ack_timeout.

@@ -144,7 +144,8 @@ pub struct WebhookConfig {
     /// Open connections per listener; more wait in the kernel's backlog. Default 10000.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
-    /// Requests handled at once per listener; more get 503 at once. Default 4096.
+    /// Requests handled at once per listener; more get 503 at once. Bodies in memory are bounded
+    /// by `max_in_flight × max_body`. Default 1024.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
 }
@@ -187,7 +188,7 @@ fn default_max_connections() -> usize {
     10_000
 }
 fn default_max_in_flight() -> usize {
-    4096
+    1024
 }
 
 impl WebhookConfig {

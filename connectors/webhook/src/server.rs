@@ -175,9 +175,9 @@ async fn serve(
         let tls = tls.as_ref().map(|t| t.current.load_full());
         tokio::spawn(async move {
             let _permit = permit;
-            let idle = Arc::new(Idle::new());
-            let svc = {
+            let svc = |idle: &Arc<Idle>| {
                 let idle = idle.clone();
+                let (idle, l) = (idle.clone(), l.clone());
                 service_fn(move |req| {
                     let busy = idle.busy();
                     let fut = handler::handle(l.clone(), req);
@@ -190,14 +190,19 @@ async fn serve(
             };
             match tls {
                 None => {
-                    let conn = b.serve_connection(TokioIo::new(stream), svc).into_owned();
+                    let idle = Arc::new(Idle::new());
+                    let conn = b
+                        .serve_connection(TokioIo::new(stream), svc(&idle))
+                        .into_owned();
                     serve_watched(watcher.watch(conn), &idle, header_timeout).await;
                 }
                 Some(sc) => {
                     let acceptor = TlsAcceptor::from(sc);
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                         Ok(Ok(s)) => {
-                            let conn = b.serve_connection(TokioIo::new(s), svc).into_owned();
+                            // The header budget starts after the handshake, which had its own.
+                            let idle = Arc::new(Idle::new());
+                            let conn = b.serve_connection(TokioIo::new(s), svc(&idle)).into_owned();
                             serve_watched(watcher.watch(conn), &idle, header_timeout).await;
                         }
                         Ok(Err(e)) => tracing::debug!(error = %e, "webhook: TLS handshake failed"),
@@ -271,7 +276,7 @@ async fn serve_watched<F: std::future::Future>(conn: F, idle: &Idle, timeout: Op
             _ = &mut conn => return,
             _ = &mut sleep => {
                 let now = tokio::time::Instant::now();
-                if idle.active.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                if idle.active.load(std::sync::atomic::Ordering::Acquire) > 0 {
                     // A request is being handled: its body has its own timeout.
                     sleep.as_mut().reset(now + timeout);
                     continue;

@@ -44,8 +44,9 @@ impl Outcome {
 
 #[derive(Debug)]
 struct EventState {
-    /// The dedup key this event inserted (duplicates insert nothing).
-    key: Option<u128>,
+    /// The dedup key this event recorded, with the time it was recorded at (duplicates record
+    /// nothing).
+    key: Option<(u128, u64)>,
     pending: u32,
     status: Status,
 }
@@ -99,8 +100,8 @@ impl Unit {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn set_key(&self, idx: usize, key: u128) {
-        self.lock().events[idx].key = Some(key);
+    pub(crate) fn set_key(&self, idx: usize, key: u128, at: u64) {
+        self.lock().events[idx].key = Some((key, at));
     }
 
     /// Settles an event without a delivery (duplicate, unrouted, dead sink).
@@ -141,12 +142,12 @@ impl Unit {
             st.reason = reason;
         }
         if finished {
-            if let (Some(key), Some(dedup)) = (key, &self.dedup) {
+            if let (Some((key, at)), Some(dedup)) = (key, &self.dedup) {
                 if ev_status == Status::Delivered {
-                    dedup.confirm(key);
+                    dedup.confirm(key, at);
                 } else {
                     // Not delivered: forget it, so the sender's retry is not taken for a duplicate.
-                    dedup.forget(key);
+                    dedup.forget(key, at);
                 }
             }
         }

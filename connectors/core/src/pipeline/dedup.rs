@@ -116,7 +116,7 @@ pub struct Dedup {
     window_ms: u64,
     cap_per_shard: usize,
     /// Delivered keys not yet written to the state store.
-    unsaved: Mutex<Vec<(u128, u64)>>,
+    unsaved: Mutex<VecDeque<(u128, u64)>>,
     persistent: bool,
     evictions: Counter,
 }
@@ -133,7 +133,7 @@ impl Dedup {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             window_ms: config.window.as_millis() as u64,
             cap_per_shard: config.capacity.div_ceil(SHARDS).max(1),
-            unsaved: Mutex::new(Vec::new()),
+            unsaved: Mutex::new(VecDeque::new()),
             persistent,
             evictions: counter!(DEDUP_EVICTIONS),
         }
@@ -174,30 +174,35 @@ impl Dedup {
         Check::New
     }
 
-    /// The event behind `key` was delivered: keep it for the window.
-    pub fn confirm(&self, key: u128) {
-        let at = {
+    /// The event recorded at `at` (by [`Dedup::check_at`]) under `key` was delivered: keep it
+    /// for the window. An entry recorded at another time (the first was evicted and a retry
+    /// recorded anew) is not this event's and is left alone.
+    pub fn confirm(&self, key: u128, at: u64) {
+        {
             let mut shard = self.shard(key);
             match shard.map.get_mut(&key) {
-                Some(e) => {
-                    e.done = true;
-                    e.at_ms
-                }
-                None => return,
+                Some(e) if e.at_ms == at => e.done = true,
+                _ => return,
             }
-        };
+        }
         if self.persistent {
-            self.unsaved
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push((key, at));
+            let mut unsaved = self.unsaved.lock().unwrap_or_else(|p| p.into_inner());
+            // Bounded: while the store keeps failing, the oldest unsaved keys are given up
+            // (they stay in memory; only their survival across a restart is lost).
+            if unsaved.len() >= self.cap_per_shard * SHARDS {
+                unsaved.pop_front();
+            }
+            unsaved.push_back((key, at));
         }
     }
 
-    /// The event behind `key` was not delivered: forget it so a retry is accepted.
-    pub fn forget(&self, key: u128) {
+    /// The event recorded at `at` under `key` was not delivered: forget it so a retry is
+    /// accepted (and, as with `confirm`, only if the entry is still this event's).
+    pub fn forget(&self, key: u128, at: u64) {
         let mut shard = self.shard(key);
-        shard.map.remove(&key);
+        if shard.map.get(&key).is_some_and(|e| e.at_ms == at) {
+            shard.map.remove(&key);
+        }
         shard.compact_if_stale();
     }
 
@@ -269,11 +274,13 @@ impl Dedup {
         let puts: Vec<(&[u8], &[u8])> = encoded.iter().map(|(k, v)| (&k[..], &v[..])).collect();
         let deletes: Vec<&[u8]> = expired.iter().map(Vec::as_slice).collect();
         if let Err(e) = store.write(DEDUP_TABLE, &puts, &deletes) {
-            // Put the batch back so the next flush retries it.
-            self.unsaved
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .extend(batch);
+            // Put the batch back so the next flush retries it, within the same bound.
+            let mut unsaved = self.unsaved.lock().unwrap_or_else(|p| p.into_inner());
+            let room = (self.cap_per_shard * SHARDS).saturating_sub(unsaved.len());
+            let keep = batch.len().min(room);
+            for item in batch.iter().rev().take(keep) {
+                unsaved.push_front(*item);
+            }
             return Err(e);
         }
         Ok(batch.len())
@@ -334,7 +341,7 @@ mod tests {
         let k = dedup_key("s", "1");
         assert_eq!(d.check_at(k, 0), Check::New);
         assert_eq!(d.check_at(k, 10), Check::InFlight);
-        d.confirm(k);
+        d.confirm(k, 0);
         assert_eq!(d.check_at(k, 999), Check::Delivered);
         assert_eq!(d.check_at(k, 1000), Check::New, "window over");
     }
@@ -344,8 +351,34 @@ mod tests {
         let d = dedup(1000, 100);
         let k = dedup_key("s", "1");
         assert_eq!(d.check_at(k, 0), Check::New);
-        d.forget(k);
+        d.forget(k, 0);
         assert_eq!(d.check_at(k, 1), Check::New);
+    }
+
+    #[test]
+    fn an_old_event_does_not_settle_a_newer_entry() {
+        let d = dedup(1_000_000, SHARDS); // one entry per shard
+        let k = dedup_key("s", "retry");
+        assert_eq!(d.check_at(k, 0), Check::New);
+        // Pushed out by newer keys in its shard, then recorded again by a retry.
+        let mut i = 0;
+        while d.check_at(k, 5) != Check::New {
+            let other = loop {
+                i += 1;
+                let o = dedup_key("s", &i.to_string());
+                if (o >> 124) == (k >> 124) {
+                    break o;
+                }
+            };
+            d.check_at(other, 1);
+        }
+        // The first attempt's late failure must not forget the retry's entry.
+        d.forget(k, 0);
+        assert_eq!(d.check_at(k, 6), Check::InFlight);
+        d.confirm(k, 0);
+        assert_eq!(d.check_at(k, 7), Check::InFlight, "nor confirm it");
+        d.confirm(k, 5);
+        assert_eq!(d.check_at(k, 8), Check::Delivered);
     }
 
     #[test]
@@ -366,7 +399,7 @@ mod tests {
         for i in 0..50_000u64 {
             let k = dedup_key("s", &i.to_string());
             d.check_at(k, i);
-            d.forget(k);
+            d.forget(k, i);
         }
         let total: usize = d.shards.iter().map(|s| s.lock().unwrap().order.len()).sum();
         assert!(
@@ -387,10 +420,11 @@ mod tests {
         );
         let k = dedup_key("s", "1");
         let k2 = dedup_key("s", "2");
-        assert_eq!(a.check(k), Check::New);
-        assert_eq!(a.check(k2), Check::New);
-        a.confirm(k);
-        a.forget(k2);
+        let now = now_ms();
+        assert_eq!(a.check_at(k, now), Check::New);
+        assert_eq!(a.check_at(k2, now), Check::New);
+        a.confirm(k, now);
+        a.forget(k2, now);
         assert_eq!(a.flush(&store, true).unwrap(), 1);
         let b = dedup(600_000, 1000);
         assert_eq!(b.load(&store).unwrap(), 1);

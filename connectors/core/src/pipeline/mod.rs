@@ -287,8 +287,9 @@ impl SourceSender {
         let p = &*self.pipeline;
         if let Some(dedup) = dedup {
             let key = dedup_key(&event.source, &event.id);
-            match dedup.check(key) {
-                Check::New => guard.unit.set_key(idx, key),
+            let now = dedup::now_ms();
+            match dedup.check_at(key, now) {
+                Check::New => guard.unit.set_key(idx, key, now),
                 Check::Delivered => {
                     self.telemetry.deduplicated.increment(1);
                     guard.unit.settle(idx, Status::Delivered, None, true);
