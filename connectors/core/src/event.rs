@@ -58,7 +58,8 @@ impl Timestamp {
         })
     }
 
-    /// A timestamp for an instant, formatted in UTC with microsecond precision.
+    /// A timestamp for an instant, formatted in UTC (`Z`) with the precision it has, up to
+    /// nanoseconds.
     pub fn from_utc(at: DateTime<Utc>) -> Self {
         Timestamp {
             text: at.to_rfc3339_opts(SecondsFormat::AutoSi, true),
