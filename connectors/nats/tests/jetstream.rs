@@ -331,3 +331,21 @@ async fn server_outage_fails_events_and_loses_nothing_acknowledged() {
     }
     assert!(ids.contains(&"after".to_string()));
 }
+
+#[test]
+fn config_errors_say_what_to_fix() {
+    let bad = |v: serde_json::Value| {
+        serde_json::from_value::<NatsConfig>(v)
+            .unwrap()
+            .validate("n")
+            .unwrap_err()
+    };
+    assert!(bad(json!({"max_in_flight": 5000})).contains("between 1 and 4096"));
+    assert!(bad(json!({"max_in_flight": 0})).contains("between 1 and 4096"));
+    assert!(bad(json!({"subject": "events.>"})).contains("wildcards"));
+    assert!(bad(json!({"subject": "events.{Bad}"})).contains("attribute name"));
+    assert!(bad(json!({"auth": {"user": "u"}})).contains("user and password"));
+    assert!(bad(json!({"auth": {"token": "t", "nkey": "k"}})).contains("exactly one"));
+    assert!(bad(json!({"tls": {"cert": "c.pem"}})).contains("cert and key"));
+    assert!(serde_json::from_value::<NatsConfig>(json!({"mode": "fancy"})).is_err());
+}
