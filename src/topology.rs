@@ -42,12 +42,12 @@ pub async fn run(
     // Register every component before the admin server starts, so /readyz is 503 until all of
     // them are built and running.
     let ready = Arc::new(Readiness::default());
-    let mut sink_flags: Vec<_> = config
+    let sink_flags: Vec<_> = config
         .sinks
         .iter()
         .map(|s| ready.register(format!("sink {}", s.name)))
         .collect();
-    let mut source_flags: Vec<_> = config
+    let source_flags: Vec<_> = config
         .sources
         .iter()
         .map(|s| ready.register(format!("source {}", s.name)))
@@ -130,9 +130,8 @@ pub async fn run(
     let source_stop = CancellationToken::new();
     let sink_stop = CancellationToken::new();
     let mut sink_tasks = Vec::new();
-    for (entry, input) in config.sinks.into_iter().zip(built.inputs) {
+    for ((entry, input), up) in config.sinks.into_iter().zip(built.inputs).zip(sink_flags) {
         let what = format!("sink {}", entry.name);
-        let up = sink_flags.remove(0);
         let ctx = SinkContext {
             name: entry.name.clone(),
             input,
@@ -149,9 +148,13 @@ pub async fn run(
         sink_tasks.push(supervise(what, running, up));
     }
     let mut source_tasks = Vec::new();
-    for (entry, sender) in config.sources.into_iter().zip(built.senders) {
+    for ((entry, sender), up) in config
+        .sources
+        .into_iter()
+        .zip(built.senders)
+        .zip(source_flags)
+    {
         let what = format!("source {}", entry.name);
-        let up = source_flags.remove(0);
         let ctx = SourceContext {
             name: entry.name.clone(),
             shutdown: source_stop.clone(),

@@ -365,6 +365,16 @@ fn event_id(route: &Route, headers: &HeaderMap, digest_input: &[u8]) -> (String,
     }
 }
 
+/// The id of a plain request's event; `body-sha256` hashes the query string for GET.
+fn request_id(route: &Route, parts: &http::request::Parts, body: &[u8]) -> (String, bool) {
+    let digest_input = if parts.method == http::Method::GET {
+        parts.uri.query().unwrap_or("").as_bytes()
+    } else {
+        body
+    };
+    event_id(route, &parts.headers, digest_input)
+}
+
 /// `{key: [values]}` for a query string or a urlencoded form.
 fn form_json(input: &[u8]) -> Bytes {
     let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -399,7 +409,7 @@ fn plain_event(
 ) -> Result<(Event, bool), Reject> {
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let is_get = parts.method == http::Method::GET;
-    let (id, fresh) = event_id(route, &parts.headers, if is_get { query } else { &body });
+    let (id, fresh) = request_id(route, parts, &body);
     let mut e = Event::new(id, route.source.clone(), route.ty.clone())
         .with_subject(route.subject.clone())
         .with_time(Timestamp::now());
@@ -471,7 +481,7 @@ fn argo_event(
 ) -> Result<(Event, bool), Reject> {
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let is_get = parts.method == http::Method::GET;
-    let (id, fresh) = event_id(route, &parts.headers, if is_get { query } else { &body });
+    let (id, fresh) = request_id(route, parts, &body);
     let mut headers: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for (k, v) in &parts.headers {
         if k == http::header::AUTHORIZATION {
