@@ -156,9 +156,13 @@ pub struct SinkCommon {
     /// `block` (default: the pressure reaches the sources) or `drop_newest` (counted).
     #[serde(default)]
     pub when_full: WhenFull,
+    /// Another sink's name: events this sink gives up on go there, with the reason added as
+    /// extensions (`deadlettersink`, `deadletterreason`, `deadletterstatus`), and count as
+    /// handled once that sink confirms them.
+    pub dead_letter: Option<String>,
 }
 
-const SINK_COMMON_KEYS: [&str; 3] = ["queue_events", "queue_bytes", "when_full"];
+const SINK_COMMON_KEYS: [&str; 4] = ["queue_events", "queue_bytes", "when_full", "dead_letter"];
 
 /// A match on one attribute: a string is an exact match, `{prefix: ...}` a prefix match.
 #[derive(Debug, Clone, Deserialize)]
@@ -201,6 +205,8 @@ pub struct SinkEntry {
     pub name: String,
     pub kind: &'static str,
     pub common: SinkCommon,
+    /// `common.dead_letter` resolved to an index into `Config::sinks`.
+    pub dead_letter: Option<usize>,
     pub config: Box<dyn DynSink>,
 }
 
@@ -714,6 +720,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                         name,
                         kind: entry.name,
                         common,
+                        dead_letter: None,
                         config: cfg,
                     });
                 }
@@ -782,6 +789,43 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             }
         }
         routes.push(RouteSpec { from, to, matches });
+    }
+
+    let no_names = Vec::new();
+    let declared_sinks = declared.get("sinks").unwrap_or(&no_names);
+    let sink_names: Vec<String> = sinks.iter().map(|s| s.name.clone()).collect();
+    let targets: Vec<Option<String>> = sinks.iter().map(|s| s.common.dead_letter.clone()).collect();
+    for (i, sink) in sinks.iter_mut().enumerate() {
+        let Some(target) = &targets[i] else { continue };
+        let path = [seg("sinks"), sink.name.clone(), seg("dead_letter")];
+        let name = &sink.name;
+        match sink_names.iter().position(|n| n == target) {
+            Some(j) if j == i => cx.err(
+                &path,
+                false,
+                format!("sinks.{name}.dead_letter: a sink cannot be its own dead-letter sink"),
+            ),
+            Some(j) if targets[j].is_some() => cx.err(
+                &path,
+                false,
+                format!(
+                    "sinks.{name}.dead_letter: `{target}` has a dead_letter of its own; \
+                     dead-letter chains are not supported: point both at a sink without one"
+                ),
+            ),
+            Some(j) => sink.dead_letter = Some(j),
+            None if declared_sinks.contains(target) => {}
+            None => {
+                let hint = suggest(target, sink_names.iter().map(String::as_str))
+                    .map(|s| format!(" (did you mean `{s}`?)"))
+                    .unwrap_or_default();
+                cx.err(
+                    &path,
+                    false,
+                    format!("sinks.{name}.dead_letter: no sink named `{target}`{hint}"),
+                );
+            }
+        }
     }
 
     if pipeline.queue_events == 0 {
@@ -857,6 +901,39 @@ mod tests {
         assert_eq!(e.len(), 1, "{e:?}");
         assert!(e[0].starts_with("t.yaml:1:1: "), "{}", e[0]);
         assert!(e[0].contains("did you mean `pipeline`?"), "{}", e[0]);
+    }
+
+    #[test]
+    fn dead_letter_targets_are_checked() {
+        let text = "\
+sinks:
+  a: { kind: log, dead_letter: parkd }
+  b: { kind: log, dead_letter: b }
+  c: { kind: log, dead_letter: d }
+  d: { kind: log, dead_letter: parked }
+  parked: { kind: null }
+";
+        let e = errors(text);
+        assert!(
+            e.iter().any(|m| m.starts_with("t.yaml:2:32: ")
+                && m.contains("no sink named `parkd` (did you mean `parked`?)")),
+            "{e:#?}"
+        );
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("t.yaml:3:32: ") && m.contains("its own dead-letter")),
+            "{e:#?}"
+        );
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("t.yaml:4:32: ") && m.contains("chains are not supported")),
+            "{e:#?}"
+        );
+        assert_eq!(e.len(), 3, "{e:#?}");
+        let ok = "sinks:\n  a: { kind: log, dead_letter: parked }\n  parked: { kind: null }\n";
+        let cfg = parse("t.yaml", ok).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(cfg.sinks[0].dead_letter, Some(1));
+        assert_eq!(cfg.sinks[1].dead_letter, None);
     }
 
     #[test]

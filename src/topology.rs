@@ -93,6 +93,7 @@ pub async fn run(
                 queue_events: s.common.queue_events.unwrap_or(p.queue_events),
                 queue_bytes: s.common.queue_bytes.unwrap_or(p.queue_bytes).bytes(),
                 when_full: s.common.when_full,
+                dead_letter: s.dead_letter,
             })
             .collect(),
         routes: config.routes.clone(),

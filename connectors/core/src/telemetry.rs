@@ -10,6 +10,7 @@ pub const EVENTS_REJECTED: &str = "sluice_events_rejected_total";
 pub const EVENTS_UNROUTED: &str = "sluice_events_unrouted_total";
 pub const EVENTS_DELIVERED: &str = "sluice_events_delivered_total";
 pub const DELIVERY_FAILURES: &str = "sluice_delivery_failures_total";
+pub const EVENTS_DEAD_LETTERED: &str = "sluice_events_dead_lettered_total";
 pub const EVENTS_DROPPED: &str = "sluice_events_dropped_total";
 pub const QUEUE_EVENTS: &str = "sluice_queue_events";
 pub const QUEUE_BYTES: &str = "sluice_queue_bytes";

@@ -60,6 +60,7 @@ fn spec(source: &str, sink: &str, queue_events: usize, when_full: WhenFull) -> P
             queue_events,
             queue_bytes: 64 << 20,
             when_full,
+            dead_letter: None,
         }],
         routes: vec![RouteSpec {
             from: vec![0],
@@ -231,6 +232,31 @@ impl SinkRig {
             sender: built.senders.pop(),
             input: built.inputs.pop(),
         }
+    }
+
+    /// A rig whose sink sends failed events to a dead-letter sink, returned as a [`Capture`].
+    pub fn with_dead_letter(sink: &str) -> (Self, Capture) {
+        metrics();
+        let mut spec = spec(&format!("{sink}-feed"), sink, 10_000, WhenFull::Block);
+        spec.sinks[0].dead_letter = Some(1);
+        spec.sinks.push(SinkSpec {
+            name: format!("{sink}-dead-letter"),
+            queue_events: 10_000,
+            queue_bytes: 64 << 20,
+            when_full: WhenFull::Block,
+            dead_letter: None,
+        });
+        let mut built = pipeline::build(&spec);
+        let dead = built.inputs.pop().map(|input| Capture { input });
+        (
+            SinkRig {
+                shutdown: CancellationToken::new(),
+                state: Arc::new(MemoryStateStore::default()),
+                sender: built.senders.pop(),
+                input: built.inputs.pop(),
+            },
+            dead.expect("two sinks"),
+        )
     }
 
     /// The context to pass to the sink's `build` (once).

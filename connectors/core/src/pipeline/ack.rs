@@ -11,7 +11,13 @@ use std::time::Instant;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::dedup::Dedup;
-use super::queue::SinkShared;
+use super::queue::{DeadLetter, SinkShared};
+use crate::event::Event;
+
+/// The extensions a dead-lettered event carries.
+pub const DEAD_LETTER_SINK: &str = "deadlettersink";
+pub const DEAD_LETTER_REASON: &str = "deadletterreason";
+pub const DEAD_LETTER_STATUS: &str = "deadletterstatus";
 
 /// What happened to an event, or to a whole inbound unit (the worst of its events).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -248,6 +254,8 @@ pub struct Delivery {
     idx: usize,
     sink: Arc<SinkShared>,
     _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    /// The dead-letter target and a copy of the event, when the sink has one.
+    dead_letter: Option<Box<(Arc<DeadLetter>, Event)>>,
     done: bool,
 }
 
@@ -257,6 +265,7 @@ impl Delivery {
         idx: usize,
         sink: Arc<SinkShared>,
         permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+        dead_letter: Option<Box<(Arc<DeadLetter>, Event)>>,
     ) -> Self {
         unit.hold(idx);
         Delivery {
@@ -264,6 +273,7 @@ impl Delivery {
             idx,
             sink,
             _permits: permits,
+            dead_letter,
             done: false,
         }
     }
@@ -272,12 +282,21 @@ impl Delivery {
         self.complete(Status::Delivered, None)
     }
 
+    /// The sink gave up on the event (after its own retries, if any): a transient failure.
+    /// With a dead-letter sink configured, the event goes there instead of failing upstream.
     pub fn failed(self, reason: impl Into<String>) {
         self.complete(Status::Failed, Some(reason.into()))
     }
 
+    /// The target refused the event for good. With a dead-letter sink configured, the event
+    /// goes there instead of being refused upstream.
     pub fn rejected(self, reason: impl Into<String>) {
         self.complete(Status::Rejected, Some(reason.into()))
+    }
+
+    /// Whether a failure report sends the event to a dead-letter sink.
+    pub fn has_dead_letter(&self) -> bool {
+        self.dead_letter.is_some()
     }
 
     /// When the event entered Sluice (for latency).
@@ -286,7 +305,54 @@ impl Delivery {
     }
 
     pub fn complete(mut self, status: Status, reason: Option<String>) {
+        if status != Status::Delivered {
+            if let Some(dl) = self.dead_letter.take() {
+                match tokio::runtime::Handle::try_current() {
+                    Ok(rt) => return self.dead_letter(rt, *dl, status, reason),
+                    Err(_) => self.dead_letter = None,
+                }
+            }
+        }
         self.report(status, reason);
+    }
+
+    /// Queues the event on the dead-letter sink, which then decides the event's outcome. The
+    /// failing sink's hold on the event is released only after the dead-letter delivery holds
+    /// it, so the unit cannot resolve in between.
+    fn dead_letter(
+        mut self,
+        rt: tokio::runtime::Handle,
+        (dl, mut event): (Arc<DeadLetter>, Event),
+        status: Status,
+        reason: Option<String>,
+    ) {
+        self.done = true;
+        self.sink.telemetry.failures.increment(1);
+        dl.counter.increment(1);
+        let reason = reason.unwrap_or_else(|| "no reason given".into());
+        tracing::warn!(
+            sink = %self.sink.name,
+            dead_letter = %dl.target.shared.name,
+            event_id = %event.id,
+            event_source = %event.source,
+            reason = %reason,
+            "delivery failed; sending the event to the dead-letter sink"
+        );
+        event.set_extension(DEAD_LETTER_SINK, &*self.sink.name);
+        event.set_extension(DEAD_LETTER_REASON, reason);
+        event.set_extension(
+            DEAD_LETTER_STATUS,
+            if status == Status::Rejected {
+                "rejected"
+            } else {
+                "failed"
+            },
+        );
+        let (unit, idx) = (self.unit.clone(), self.idx);
+        rt.spawn(async move {
+            dl.target.push(event, &unit, idx).await;
+            unit.report(idx, Status::Delivered, None);
+        });
     }
 
     fn report(&mut self, status: Status, reason: Option<String>) {

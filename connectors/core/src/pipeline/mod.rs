@@ -82,6 +82,8 @@ pub struct SinkSpec {
     pub queue_events: usize,
     pub queue_bytes: u64,
     pub when_full: WhenFull,
+    /// Index of the sink that takes this sink's failed events. It must not have one itself.
+    pub dead_letter: Option<usize>,
 }
 
 /// Everything needed to build a pipeline.
@@ -123,7 +125,7 @@ pub struct Built {
 pub fn build(spec: &PipelineSpec) -> Built {
     let budget_max = spec.memory_budget.clamp(1, u32::MAX as u64) as u32;
     let budget = Arc::new(Semaphore::new(budget_max as usize));
-    let (queues, inputs): (Vec<_>, Vec<_>) = spec
+    let (mut queues, inputs): (Vec<_>, Vec<_>) = spec
         .sinks
         .iter()
         .map(|s| {
@@ -137,6 +139,22 @@ pub fn build(spec: &PipelineSpec) -> Built {
             )
         })
         .unzip();
+    for (i, s) in spec.sinks.iter().enumerate() {
+        if let Some(j) = s.dead_letter.filter(|&j| j != i && j < queues.len()) {
+            assert!(
+                spec.sinks[j].dead_letter.is_none(),
+                "dead-letter chains are refused by the config"
+            );
+            let (a, b) = if i < j {
+                let (l, r) = queues.split_at_mut(j);
+                (&mut l[i], &r[0])
+            } else {
+                let (l, r) = queues.split_at_mut(i);
+                (&mut r[0], &l[j])
+            };
+            a.set_dead_letter(b);
+        }
+    }
     let routes = (0..spec.sources.len())
         .map(|src| {
             let mine: Vec<(Vec<Match>, Vec<usize>)> = spec
@@ -387,6 +405,7 @@ mod tests {
                     queue_events: *q,
                     queue_bytes: 1 << 20,
                     when_full: *w,
+                    dead_letter: None,
                 })
                 .collect(),
             routes,
@@ -428,6 +447,87 @@ mod tests {
         let out = pending.await;
         assert_eq!(out.status, Status::Failed);
         assert!(out.reason.unwrap().contains("sink b: boom"));
+    }
+
+    fn with_dead_letter() -> Built {
+        let mut sp = spec(
+            &[("a", 10, WhenFull::Block), ("dl", 10, WhenFull::Block)],
+            all_to(vec![0]),
+        );
+        sp.sinks[0].dead_letter = Some(1);
+        build(&sp)
+    }
+
+    #[tokio::test]
+    async fn failed_event_goes_to_the_dead_letter_sink_and_counts_as_handled() {
+        let mut b = with_dead_letter();
+        let pending = b.senders[0].send(vec![ev("1")]).await;
+        let a = b.inputs[0].recv().await.unwrap();
+        assert!(a.delivery.has_dead_letter());
+        a.delivery.rejected("HTTP 400: bad field");
+        let dl = b.inputs[1].recv().await.unwrap();
+        assert_eq!(dl.event.id, "1");
+        let ext = |n: &str| dl.event.extension(n).map(|v| v.to_canonical().into_owned());
+        assert_eq!(ext(ack::DEAD_LETTER_SINK).as_deref(), Some("a"));
+        assert_eq!(ext(ack::DEAD_LETTER_STATUS).as_deref(), Some("rejected"));
+        assert_eq!(
+            ext(ack::DEAD_LETTER_REASON).as_deref(),
+            Some("HTTP 400: bad field")
+        );
+        let mut pending = Box::pin(pending);
+        tokio::task::yield_now().await;
+        assert!(
+            futures_util::poll!(pending.as_mut()).is_pending(),
+            "not settled before the dead-letter sink reports"
+        );
+        dl.delivery.delivered();
+        assert!(pending.await.is_delivered());
+    }
+
+    #[tokio::test]
+    async fn dead_letter_failure_goes_back_upstream() {
+        let mut b = with_dead_letter();
+        let pending = b.senders[0].send(vec![ev("1"), ev("2")]).await;
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        b.inputs[0].recv().await.unwrap().delivery.failed("timeout");
+        let dl = b.inputs[1].recv().await.unwrap();
+        assert_eq!(dl.event.id, "2");
+        dl.delivery.failed("also down");
+        let out = pending.await;
+        assert_eq!(out.status, Status::Failed);
+        assert!(out.reason.unwrap().contains("sink dl: also down"));
+        // Not delivered anywhere: the retry is not a duplicate.
+        let again = b.senders[0].send(vec![ev("2")]).await;
+        let a = b.inputs[0].recv().await.unwrap();
+        a.delivery.delivered();
+        assert!(again.await.is_delivered());
+    }
+
+    #[tokio::test]
+    async fn dead_letter_sink_that_is_gone_fails_the_event() {
+        let mut b = with_dead_letter();
+        let dl_input = b.inputs.pop().unwrap();
+        drop(dl_input);
+        let pending = b.senders[0].send(vec![ev("1")]).await;
+        b.inputs[0].recv().await.unwrap().delivery.failed("boom");
+        let out = pending.await;
+        assert_eq!(out.status, Status::Failed);
+        assert!(out.reason.unwrap().contains("sink dl is not running"));
+    }
+
+    #[tokio::test]
+    async fn dead_letter_queue_closes_after_the_failing_sink_is_done() {
+        let mut b = with_dead_letter();
+        let pending = b.senders[0].send(vec![ev("1")]).await;
+        b.senders.clear();
+        let a = b.inputs[0].recv().await.unwrap();
+        assert!(b.inputs[0].recv().await.is_none());
+        a.delivery.failed("boom");
+        // The dead-letter sink still gets the event, then sees its input end.
+        let dl = b.inputs[1].recv().await.unwrap();
+        dl.delivery.delivered();
+        assert!(b.inputs[1].recv().await.is_none());
+        assert!(pending.await.is_delivered());
     }
 
     #[tokio::test]

@@ -34,6 +34,14 @@ pub struct SinkItem {
     pub delivery: Delivery,
 }
 
+/// Where a sink's failed events go instead of back upstream (`dead_letter: <sink>`).
+pub(crate) struct DeadLetter {
+    /// The dead-letter sink's queue. Held by every delivery of the failing sink, so it stays
+    /// open until the failing sink has reported its last event.
+    pub(crate) target: SinkQueue,
+    pub(crate) counter: metrics::Counter,
+}
+
 pub(crate) struct SinkQueue {
     tx: mpsc::Sender<SinkItem>,
     bytes: Arc<Semaphore>,
@@ -42,6 +50,7 @@ pub(crate) struct SinkQueue {
     budget_max: u32,
     when_full: WhenFull,
     pub(crate) shared: Arc<SinkShared>,
+    pub(crate) dead_letter: Option<Arc<DeadLetter>>,
 }
 
 /// The receiving end of a sink's queue.
@@ -73,12 +82,35 @@ pub(crate) fn sink_queue(
             budget_max,
             when_full,
             shared: shared.clone(),
+            dead_letter: None,
         },
         SinkInput { rx, shared },
     )
 }
 
 impl SinkQueue {
+    /// Makes failed events of this queue's sink go to `target` (which must not dead-letter
+    /// itself: chains are refused by the config).
+    pub(crate) fn set_dead_letter(&mut self, target: &SinkQueue) {
+        self.dead_letter = Some(Arc::new(DeadLetter {
+            target: SinkQueue {
+                tx: target.tx.clone(),
+                bytes: target.bytes.clone(),
+                max_bytes: target.max_bytes,
+                budget: target.budget.clone(),
+                budget_max: target.budget_max,
+                when_full: target.when_full,
+                shared: target.shared.clone(),
+                dead_letter: None,
+            },
+            counter: metrics::counter!(
+                crate::telemetry::EVENTS_DEAD_LETTERED,
+                "sink" => self.shared.name.to_string(),
+                "dead_letter" => target.shared.name.to_string()
+            ),
+        }));
+    }
+
     /// Queues `event` for this sink on behalf of event `idx` of `unit`. Cancel-safe: permits
     /// taken before a cancellation are returned, and the delivery ticket exists only once the
     /// event is in the queue.
@@ -125,7 +157,19 @@ impl SinkQueue {
         };
         match reserved {
             Some((p1, p2, slot)) => {
-                let delivery = Delivery::new(unit.clone(), idx, self.shared.clone(), (p1, p2));
+                // Only a sink with a dead-letter target pays for a copy of the event (its data
+                // is shared, not copied).
+                let dead_letter = self
+                    .dead_letter
+                    .as_ref()
+                    .map(|d| Box::new((d.clone(), event.clone())));
+                let delivery = Delivery::new(
+                    unit.clone(),
+                    idx,
+                    self.shared.clone(),
+                    (p1, p2),
+                    dead_letter,
+                );
                 t.queue_events.increment(1.0);
                 slot.send(SinkItem { event, delivery });
             }
