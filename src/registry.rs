@@ -151,6 +151,11 @@ pub fn kinds() -> Vec<Kind> {
             "nats",
             "NATS core or JetStream publish (PubAck = delivered, Nats-Msg-Id dedup), CloudEvents binding or Argo EventBus",
         ),
+        #[cfg(feature = "http")]
+        sink::<sluice_http::HttpSinkConfig>(
+            "http",
+            "HTTP trigger: CloudEvents binary/structured/batched, success codes, retries with backoff and Retry-After, mTLS",
+        ),
         #[cfg(feature = "console")]
         sink::<sluice_console::LogConfig>("log", "one structured JSON CloudEvent per line on stdout"),
         #[cfg(feature = "console")]

@@ -315,6 +315,50 @@ async fn webhook_to_log_end_to_end() {
 }
 
 #[tokio::test]
+async fn http_sink_failures_go_to_the_dead_letter_sink() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    // Nothing listens on the target port: every attempt fails to connect.
+    let dead = free_port();
+    let body = format!(
+        "sources:\n  hooks: {{ kind: webhook, listen: {hook}, path: / }}\nsinks:\n  trigger:\n    kind: http\n    url: http://127.0.0.1:{dead}/events\n    retry: {{ max_attempts: 2, initial_backoff: 10ms, max_backoff: 20ms }}\n    dead_letter: parked\n  parked: {{ kind: log }}\nroutes:\n  - {{ from: [hooks], to: [trigger] }}\n"
+    );
+    let d = Daemon::start_with(dir.path(), &body, hook);
+    d.wait_ready().await;
+    let (status, body) = request(
+        d.hook,
+        "POST",
+        "/",
+        &[
+            ("content-type", "application/json"),
+            ("idempotency-key", "dl-1"),
+        ],
+        br#"{"n":1}"#,
+    )
+    .await
+    .unwrap();
+    // Handled: the dead-letter sink confirmed it.
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    let line = d.next_line();
+    assert_eq!(line["id"], "dl-1");
+    assert_eq!(line["deadlettersink"], "trigger");
+    assert_eq!(line["deadletterstatus"], "failed");
+    let reason = line["deadletterreason"].as_str().unwrap();
+    assert!(reason.contains("after 2 attempts"), "{reason}");
+    let (_, metrics) = get(d.admin, "/metrics").await.unwrap();
+    let m = String::from_utf8_lossy(&metrics);
+    assert_eq!(
+        metric(
+            &m,
+            "sluice_events_dead_lettered_total{sink=\"trigger\",dead_letter=\"parked\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    assert!(d.stop().success());
+}
+
+#[tokio::test]
 async fn dedup_window_survives_a_restart_with_state_dir() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
