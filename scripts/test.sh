@@ -15,6 +15,19 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
+log "system packages"
+# rdkafka builds its bundled librdkafka with cmake; librdkafka 2.12.1 includes <curl/curl.h>
+# even when built without curl (an #ifdef on a macro defined as 0), so the header must exist.
+need=()
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+[ -f /usr/include/x86_64-linux-gnu/curl/curl.h ] || [ -f /usr/include/curl/curl.h ] || need+=(libcurl4-openssl-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing ${need[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get install -y -q "${need[@]}" >/dev/null || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q "${need[@]}" >/dev/null; }
+fi
+cmake --version | head -1
+
 log "test peers"
 # The official Python CloudEvents SDK, for the interop test (a client we did not write).
 if [ ! -x target/pyenv/bin/python ] || ! target/pyenv/bin/python -c 'import cloudevents.core' 2>/dev/null; then

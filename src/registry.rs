@@ -151,6 +151,11 @@ pub fn kinds() -> Vec<Kind> {
             "nats",
             "NATS core or JetStream publish (PubAck = delivered, Nats-Msg-Id dedup), CloudEvents binding or Argo EventBus",
         ),
+        #[cfg(feature = "kafka")]
+        sink::<sluice_kafka::KafkaConfig>(
+            "kafka",
+            "Kafka produce (idempotent, acks=all, delivery report = delivered), CloudEvents Kafka binding, topic and key templates",
+        ),
         #[cfg(feature = "http")]
         sink::<sluice_http::HttpSinkConfig>(
             "http",

@@ -12,6 +12,7 @@ pub mod pipeline;
 pub mod sdk;
 pub mod state;
 pub mod telemetry;
+pub mod template;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod units;

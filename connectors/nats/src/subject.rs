@@ -6,50 +6,15 @@
 
 use sluice_core::event::Event;
 
+/// A subject template, checked for NATS.
 #[derive(Debug, Clone)]
-enum Part {
-    Text(String),
-    Attr(String),
-}
-
-#[derive(Debug, Clone)]
-pub struct Template(Vec<Part>);
+pub struct Template(sluice_core::template::Template);
 
 impl Template {
     pub fn parse(t: &str) -> Result<Template, String> {
-        let mut parts = Vec::new();
-        let mut rest = t;
-        while let Some(open) = rest.find('{') {
-            if open > 0 {
-                parts.push(Part::Text(rest[..open].to_owned()));
-            }
-            let close = rest[open..]
-                .find('}')
-                .ok_or_else(|| format!("subject {t:?}: unclosed `{{`"))?;
-            let name = &rest[open + 1..open + close];
-            if name.is_empty()
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-            {
-                return Err(format!(
-                    "subject {t:?}: `{{{name}}}` is not an attribute name"
-                ));
-            }
-            parts.push(Part::Attr(name.to_owned()));
-            rest = &rest[open + close + 1..];
-        }
-        if !rest.is_empty() {
-            parts.push(Part::Text(rest.to_owned()));
-        }
-        let literal: String = parts
-            .iter()
-            .filter_map(|p| match p {
-                Part::Text(s) => Some(s.as_str()),
-                Part::Attr(_) => None,
-            })
-            .collect();
-        if literal
+        let inner = sluice_core::template::Template::parse("subject", t)?;
+        if inner
+            .literal()
             .chars()
             .any(|c| c.is_whitespace() || c == '*' || c == '>')
         {
@@ -57,30 +22,11 @@ impl Template {
                 "subject {t:?}: whitespace and wildcards cannot be published to"
             ));
         }
-        if parts.is_empty() {
-            return Err("subject must not be empty".into());
-        }
-        Ok(Template(parts))
+        Ok(Template(inner))
     }
 
     pub fn render(&self, e: &Event) -> String {
-        let mut out = String::with_capacity(64);
-        for p in &self.0 {
-            match p {
-                Part::Text(s) => out.push_str(s),
-                Part::Attr(name) => {
-                    let value = match name.as_str() {
-                        "source" => Some(std::borrow::Cow::Borrowed(e.source.as_str())),
-                        "type" => Some(std::borrow::Cow::Borrowed(e.ty.as_str())),
-                        "id" => Some(std::borrow::Cow::Borrowed(e.id.as_str())),
-                        "subject" => e.subject.as_deref().map(std::borrow::Cow::Borrowed),
-                        ext => e.extension(ext).map(|v| v.to_canonical()),
-                    };
-                    push_token(&mut out, value.as_deref().unwrap_or(""));
-                }
-            }
-        }
-        out
+        self.0.render_with(e, push_token)
     }
 }
 
