@@ -39,7 +39,9 @@ pub struct BatchConfig {
     /// Request body size to stay under (one larger event still goes alone). Default 1MiB.
     #[serde(default = "default_batch_bytes")]
     pub max_bytes: ByteSize,
-    /// How long the first event of a batch waits for company. Default 10ms.
+    /// How long the first event of a batch waits for more. Default 0: a batch is what is
+    /// queued when a request slot is free, so batches grow by themselves while requests are in
+    /// flight and a lone event never waits.
     #[serde(default = "default_linger")]
     pub linger: Duration,
 }
@@ -61,7 +63,7 @@ fn default_batch_bytes() -> ByteSize {
     ByteSize(1 << 20)
 }
 fn default_linger() -> Duration {
-    Duration::from_millis(10)
+    Duration::from_millis(0)
 }
 
 /// `kind: http` options.

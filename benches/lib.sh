@@ -1,0 +1,56 @@
+# Shared pieces of the benchmark scripts (sourced).
+
+# Waits until something listens on 127.0.0.1:$1.
+wait_port() {
+  for _ in $(seq 1 200); do (echo > /dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done
+  echo "nothing listens on port $1" >&2; return 1
+}
+
+# Writes $1/body.json (a 1 KiB JSON order) and $1/post.lua (wrk: POST it as application/json).
+# With $2 = N > 1, the body is a CloudEvents batch of N 1 KiB events instead.
+make_load() {
+  python3 - "$1/body.json" "${2:-1}" <<'PY'
+import json, sys
+items = [{"sku": "A-1234", "qty": 3}] * 20
+empty = json.dumps({"pad": "", "items": items}, separators=(",", ":"))
+doc = {"pad": "x" * (1024 - len(empty)), "items": items}
+n = int(sys.argv[2])
+if n <= 1:
+    body = json.dumps(doc, separators=(",", ":"))
+else:
+    # Unique ids per request do not matter here: each request's events are new to the dedup
+    # window only if ids differ, so ids carry a random part filled in by wrk's Lua below.
+    body = json.dumps([{"specversion": "1.0", "id": f"ID-{i}", "source": "bench", "type": "bench.order",
+                        "datacontenttype": "application/json", "data": doc} for i in range(n)],
+                      separators=(",", ":"))
+open(sys.argv[1], "w").write(body)
+PY
+  if [ "${2:-1}" -le 1 ]; then
+    cat > "$1/post.lua" <<LUA
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open("$1/body.json", "rb"); wrk.body = f:read("*a"); f:close()
+LUA
+  else
+    # A batch: every request gets fresh ids (a counter per wrk thread), so nothing is a duplicate.
+    cat > "$1/post.lua" <<LUA
+local f = io.open("$1/body.json", "rb"); local template = f:read("*a"); f:close()
+local n = 0
+request = function()
+  n = n + 1
+  local body = template:gsub("ID%-", "r" .. n .. "-")
+  return wrk.format("POST", "/", {["Content-Type"] = "application/cloudevents-batch+json"}, body)
+end
+LUA
+  fi
+}
+
+# Prints the median of the paired ratios of two space-separated lists (ours, ceiling).
+paired() {
+  python3 - "$1" "$2" "${3:-events/s}" <<'PY'
+import sys
+ceil = [float(x) for x in sys.argv[1].split()]; ours = [float(x) for x in sys.argv[2].split()]
+med = lambda v: sorted(v)[len(v)//2] if len(v) % 2 else sum(sorted(v)[len(v)//2-1:len(v)//2+1]) / 2
+print(f"median ceiling {med(ceil):.0f} {sys.argv[3]}, median sluice {med(ours):.0f} {sys.argv[3]}, paired ratio {100*med([o/c for o, c in zip(ours, ceil)]):.0f} %")
+PY
+}
