@@ -245,6 +245,7 @@ impl SinkConfig for NatsConfig {
             };
             let sink = NatsSink {
                 name: ctx.name.clone(),
+                fixed_subject: template.fixed().map(async_nats::Subject::from),
                 template,
                 mode,
                 argo: self.format == Format::ArgoEventbus,
@@ -381,6 +382,7 @@ enum Publisher {
 struct NatsSink {
     name: String,
     template: Template,
+    fixed_subject: Option<async_nats::Subject>,
     mode: Mode,
     argo: bool,
     publisher: Publisher,
@@ -395,6 +397,14 @@ pub fn msg_id(e: &Event) -> String {
 }
 
 impl NatsSink {
+    /// The subject for `e`: rendered, or the fixed one shared (no allocation per event).
+    fn subject(&self, e: &Event) -> async_nats::Subject {
+        match &self.fixed_subject {
+            Some(s) => s.clone(),
+            None => self.template.render(e).into(),
+        }
+    }
+
     /// Headers and payload for one event.
     fn encode(&self, e: &Event) -> (HeaderMap, Bytes) {
         let mut h = HeaderMap::new();
@@ -465,17 +475,16 @@ impl NatsSink {
                         break;
                     }
                     for SinkItem { event, delivery } in batch.drain(..) {
-                        let subject = self.template.render(&event);
+                        let subject = self.subject(&event);
                         let (headers, payload) = self.encode(&event);
                         match js.publish_with_headers(subject, headers, payload).await {
                             Ok(ack) => {
-                                let timeout = self.ack_timeout;
+                                // The PubAck wait is bounded by the context's timeout, which
+                                // build() set to ack_timeout: no second timer here.
                                 in_flight.push(Box::pin(async move {
-                                    let r = match tokio::time::timeout(timeout, ack).await {
-                                        Ok(Ok(_)) => Ok(()),
-                                        Ok(Err(e)) => Err(format!("JetStream did not acknowledge: {e}")),
-                                        Err(_) => Err(format!("no PubAck within {timeout:?}")),
-                                    };
+                                    let r = ack.await.map(drop).map_err(|e| {
+                                        format!("JetStream did not acknowledge: {e}")
+                                    });
                                     (delivery, r)
                                 }));
                             }
@@ -511,7 +520,7 @@ impl NatsSink {
             }
             let mut sent = Vec::with_capacity(n);
             for SinkItem { event, delivery } in batch.drain(..) {
-                let subject = self.template.render(&event);
+                let subject = self.subject(&event);
                 let (headers, payload) = self.encode(&event);
                 match client.publish_with_headers(subject, headers, payload).await {
                     Ok(()) => sent.push(delivery),

@@ -25,6 +25,11 @@ impl Template {
         Ok(Template(inner))
     }
 
+    /// The subject when the template has no placeholder.
+    pub fn fixed(&self) -> Option<String> {
+        self.0.is_fixed().then(|| self.0.literal())
+    }
+
     pub fn render(&self, e: &Event) -> String {
         self.0.render_with(e, push_token)
     }
