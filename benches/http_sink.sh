@@ -15,23 +15,13 @@ CONNS=${CONNS:-64}
 TARGET_PORT=18083
 PORT=18084
 
-command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
-cargo build --release --bin sluice >/dev/null
-BARE=$(cargo bench --bench bare_hyper --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="bare_hyper" and m.get("executable"): print(m["executable"])')
+prepare
+BARE=$(bench_exe bare_hyper)
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 "$BARE" --listen 127.0.0.1:$TARGET_PORT --threads 1 2>/dev/null &
 wait_port $TARGET_PORT
 make_load "$work" 1
-
-run_wrk() { # port → "req/s non2xx p99"
-  local out; out=$(wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s "$work/post.lua" "http://127.0.0.1:$1/" 2>&1)
-  echo "$(awk '/Requests\/sec/ {print $2}' <<<"$out") $(awk '/Non-2xx/ {n=$4} END {print n+0}' <<<"$out") $(awk '$1=="99%" {print $2}' <<<"$out")"
-}
 
 start_sluice() { # mode
   cat > "$work/sluice.yaml" <<YAML
@@ -48,8 +38,7 @@ sinks:
 routes:
   - { from: [hooks], to: [target] }
 YAML
-  RUST_LOG=warn target/release/sluice run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/sluice.err" & spid=$!
-  wait_port $PORT
+  start_sluice_on $PORT
 }
 
 ceil_all=""; bin_all=""; bat_all=""

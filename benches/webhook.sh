@@ -9,6 +9,7 @@
 # fixed request rate (-q). RSS: VmHWM of the server process after the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/lib.sh
 
 DURATION=${DURATION:-10s}
 ROUNDS=${ROUNDS:-3}
@@ -22,11 +23,7 @@ command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk;
 command -v oha >/dev/null || cargo install oha --locked
 
 cargo build --release --bin sluice >/dev/null
-BARE=$(cargo bench --bench bare_hyper --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="bare_hyper" and m.get("executable"): print(m["executable"])')
+BARE=$(bench_exe bare_hyper)
 SLUICE=target/release/sluice
 
 work=$(mktemp -d)
@@ -47,7 +44,6 @@ wrk.headers["Content-Type"] = "application/json"
 local f = io.open("$work/body.json", "rb"); wrk.body = f:read("*a"); f:close()
 EOF
 
-wait_port() { for _ in $(seq 1 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
 
 # start NAME → starts a server on $PORT, sets $pid
 start() {
