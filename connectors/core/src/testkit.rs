@@ -312,3 +312,51 @@ pub fn assert_sink_telemetry(sink: &str, delivered: u64, failures: u64) {
         "latency recorded once per delivered event"
     );
 }
+
+/// A throwaway PKI for TLS tests: a CA, a server certificate for `localhost` and a client
+/// certificate, as PEM strings and as files (`ca.pem`, `server.pem`, `server.key`,
+/// `client.pem`, `client.key`) in `dir`.
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+    pub ca_pem: String,
+    pub server_cert: String,
+    pub server_key: String,
+    pub client_cert: String,
+    pub client_key: String,
+}
+
+/// Makes a new [`Pki`] (each call a different CA).
+pub fn pki() -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let issue = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = issue("localhost");
+    let (client_cert, client_key) = issue("client");
+    let dir = tempfile::tempdir().unwrap();
+    for (file, text) in [
+        ("ca.pem", ca.pem()),
+        ("server.pem", server_cert.clone()),
+        ("server.key", server_key.clone()),
+        ("client.pem", client_cert.clone()),
+        ("client.key", client_key.clone()),
+    ] {
+        std::fs::write(dir.path().join(file), text).unwrap();
+    }
+    Pki {
+        dir,
+        ca_pem: ca.pem(),
+        server_cert,
+        server_key,
+        client_cert,
+        client_key,
+    }
+}

@@ -483,34 +483,17 @@ async fn concurrency_is_bounded() {
 
 mod tls {
     use super::*;
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-    /// A CA, a server certificate for `localhost` and a client certificate, as files.
+    /// The shared test PKI, and a TLS acceptor for its server certificate that asks for a
+    /// client certificate signed by its CA.
     fn pki() -> (tempfile::TempDir, tokio_rustls::TlsAcceptor) {
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-        let server_key = KeyPair::generate().unwrap();
-        let server = CertificateParams::new(vec!["localhost".to_string()])
-            .unwrap()
-            .signed_by(&server_key, &ca)
-            .unwrap();
-        let client_key = KeyPair::generate().unwrap();
-        let client = CertificateParams::new(vec!["sluice".to_string()])
-            .unwrap()
-            .signed_by(&client_key, &ca)
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-        std::fs::write(dir.path().join("client.pem"), client.pem()).unwrap();
-        std::fs::write(dir.path().join("client.key"), client_key.serialize_pem()).unwrap();
-
+        let p = testkit::pki();
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         roots
-            .add(CertificateDer::from_pem_slice(ca.pem().as_bytes()).unwrap())
+            .add(CertificateDer::from_pem_slice(p.ca_pem.as_bytes()).unwrap())
             .unwrap();
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
             Arc::new(roots),
@@ -523,12 +506,12 @@ mod tls {
             .unwrap()
             .with_client_cert_verifier(verifier)
             .with_single_cert(
-                vec![server.der().clone()],
-                PrivateKeyDer::from_pem_slice(server_key.serialize_pem().as_bytes()).unwrap(),
+                vec![CertificateDer::from_pem_slice(p.server_cert.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(p.server_key.as_bytes()).unwrap(),
             )
             .unwrap();
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        (dir, tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+        (p.dir, tokio_rustls::TlsAcceptor::from(Arc::new(config)))
     }
 
     #[tokio::test]

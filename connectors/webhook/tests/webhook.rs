@@ -713,41 +713,8 @@ async fn shutdown_finishes_in_flight_requests() {
 
 mod tls {
     use super::*;
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-
-    struct Pki {
-        dir: tempfile::TempDir,
-        ca_pem: String,
-        client_cert: String,
-        client_key: String,
-    }
-
-    fn pki() -> Pki {
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-        let server_key = KeyPair::generate().unwrap();
-        let server = CertificateParams::new(vec!["localhost".to_string()])
-            .unwrap()
-            .signed_by(&server_key, &ca)
-            .unwrap();
-        let client_key = KeyPair::generate().unwrap();
-        let client = CertificateParams::new(vec!["client".to_string()])
-            .unwrap()
-            .signed_by(&client_key, &ca)
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("server.pem"), server.pem()).unwrap();
-        std::fs::write(dir.path().join("server.key"), server_key.serialize_pem()).unwrap();
-        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-        Pki {
-            dir,
-            ca_pem: ca.pem(),
-            client_cert: client.pem(),
-            client_key: client_key.serialize_pem(),
-        }
-    }
+    use sluice_core::testkit::pki;
 
     async fn tls_post(
         addr: SocketAddr,
