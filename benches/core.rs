@@ -52,6 +52,17 @@ fn codec(c: &mut Criterion) {
     g.bench_function("decode_structured_1k", |b| {
         b.iter(|| format::decode_event(black_box(&structured)).unwrap())
     });
+    // A batch of ten such events (as `benches/nats.sh BATCH=10` sends), per event.
+    let batch = Bytes::from(format::encode_batch(&vec![e.clone(); 10]));
+    g.bench_function("decode_batch_10x1k_per_event", |b| {
+        b.iter_custom(|iters| {
+            let start = std::time::Instant::now();
+            for _ in 0..iters.div_ceil(10) {
+                black_box(format::decode_batch(black_box(&batch)).unwrap());
+            }
+            start.elapsed()
+        })
+    });
     g.bench_function("encode_binary_headers", |b| {
         b.iter(|| {
             let mut h = HeaderMap::new();

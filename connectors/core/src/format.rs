@@ -4,10 +4,12 @@
 //! [`Bytes`]. Encoding writes text directly; no `serde_json::Value` tree is built either way.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::fmt;
 
 use base64::Engine as _;
 use bytes::Bytes;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::event::{
@@ -20,25 +22,123 @@ pub const BATCH_CONTENT_TYPE: &str = "application/cloudevents-batch+json";
 
 /// Decodes one structured-mode JSON event and validates it.
 pub fn decode_event(input: &Bytes) -> Result<Event, EventError> {
-    let members: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_slice(input)
+    let members: Members<'_> = serde_json::from_slice(input)
         .map_err(|e| EventError(format!("not a JSON CloudEvent object: {e}")))?;
     event_from_members(input, members)
 }
 
 /// Decodes a JSON batch (an array of structured events; it may be empty) and validates each.
+///
+/// One pass over the input: every item's members are read as borrowed slices while the array
+/// is parsed (the `data` of a 1 KiB event is scanned once, not once for the array and again
+/// for the item).
 pub fn decode_batch(input: &Bytes) -> Result<Vec<Event>, EventError> {
-    let items: Vec<&RawValue> = serde_json::from_slice(input)
-        .map_err(|e| EventError(format!("a CloudEvents batch must be a JSON array: {e}")))?;
+    let mut failed_item = None;
+    let mut de = serde_json::Deserializer::from_slice(input);
+    let items = BatchSeed {
+        failed_item: &mut failed_item,
+    }
+    .deserialize(&mut de)
+    .and_then(|items| de.end().map(|()| items))
+    .map_err(|e| match failed_item {
+        Some(i) => EventError(format!("batch item {i}: {e}")),
+        None => EventError(format!("a CloudEvents batch must be a JSON array: {e}")),
+    })?;
     items
         .into_iter()
         .enumerate()
-        .map(|(i, raw)| {
-            let members: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_str(raw.get())
-                .map_err(|_| EventError(format!("batch item {i} is not a JSON object")))?;
+        .map(|(i, members)| {
             event_from_members(input, members)
                 .map_err(|e| EventError(format!("batch item {i}: {}", e.0)))
         })
         .collect()
+}
+
+/// A JSON object's members in document order, names and values borrowed from the input where
+/// possible. A repeated name: the last one counts (as a map would have it).
+struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'a> Members<'a> {
+    /// Takes member `name` out (the last of repeats; all of them are removed).
+    fn remove(&mut self, name: &str) -> Option<&'a RawValue> {
+        let last = self.0.iter().rposition(|(k, _)| k == name)?;
+        let value = self.0[last].1;
+        self.0.retain(|(k, _)| k != name);
+        Some(value)
+    }
+}
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object;
+        impl<'de> Visitor<'de> for Object {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8).min(64));
+                while let Some(Name(name)) = map.next_key()? {
+                    members.push((name, map.next_value::<&'de RawValue>()?));
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(Object)
+    }
+}
+
+/// A member name: borrowed unless it holds escapes.
+struct Name<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Name<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Str;
+        impl<'de> Visitor<'de> for Str {
+            type Value = Name<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Name<'de>, E> {
+                Ok(Name(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Name<'de>, E> {
+                Ok(Name(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(Str)
+    }
+}
+
+/// The batch array; records which item was being read when an error struck.
+struct BatchSeed<'f> {
+    failed_item: &'f mut Option<usize>,
+}
+
+impl<'de> DeserializeSeed<'de> for BatchSeed<'_> {
+    type Value = Vec<Members<'de>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BatchSeed<'_> {
+    type Value = Vec<Members<'de>>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON array of CloudEvents")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        loop {
+            *self.failed_item = Some(items.len());
+            match seq.next_element::<Members<'de>>()? {
+                Some(m) => items.push(m),
+                None => break,
+            }
+        }
+        *self.failed_item = None;
+        Ok(items)
+    }
 }
 
 fn string_member(name: &str, raw: &RawValue) -> Result<Option<String>, EventError> {
@@ -50,10 +150,7 @@ fn string_member(name: &str, raw: &RawValue) -> Result<Option<String>, EventErro
         .map_err(|_| EventError(format!("{name} must be a JSON string")))
 }
 
-fn event_from_members(
-    input: &Bytes,
-    mut members: HashMap<Cow<'_, str>, &RawValue>,
-) -> Result<Event, EventError> {
+fn event_from_members(input: &Bytes, mut members: Members<'_>) -> Result<Event, EventError> {
     let mut take = |name: &str| -> Result<Option<String>, EventError> {
         match members.remove(name) {
             Some(raw) => string_member(name, raw),
@@ -108,8 +205,14 @@ fn event_from_members(
         (None, None) => Data::None,
     };
 
-    let mut extensions = Vec::with_capacity(members.len());
-    for (name, raw) in members {
+    // What is left are extensions. Sorted by name for deterministic encodings; of repeats the
+    // last one counts (the stable sort keeps document order among equal names).
+    let mut rest = members.0;
+    rest.reverse();
+    rest.sort_by(|a, b| a.0.cmp(&b.0));
+    rest.dedup_by(|later, first| later.0 == first.0);
+    let mut extensions = Vec::with_capacity(rest.len());
+    for (name, raw) in rest {
         check_extension_name(&name)?;
         let text = raw.get();
         let value = match text.as_bytes().first() {
@@ -133,9 +236,6 @@ fn event_from_members(
         };
         extensions.push((name.into_owned(), value));
     }
-    // HashMap order is arbitrary; keep a stable order so encodings are deterministic.
-    extensions.sort_by(|a, b| a.0.cmp(&b.0));
-
     let event = Event {
         id,
         source,
@@ -344,5 +444,53 @@ mod tests {
         assert_eq!(decode_batch(&bytes).unwrap(), events);
         assert!(decode_batch(&Bytes::from_static(b"[]")).unwrap().is_empty());
         assert!(decode_batch(&Bytes::from_static(b"{}")).is_err());
+    }
+
+    #[test]
+    fn batch_errors_name_the_item() {
+        let err = |b: &[u8]| decode_batch(&Bytes::copy_from_slice(b)).unwrap_err().0;
+        let ok = br#"{"specversion":"1.0","id":"1","source":"/s","type":"t"}"#;
+        assert!(err(b"{}").starts_with("a CloudEvents batch must be a JSON array"));
+        let not_object = [&b"["[..], ok, b",7]"].concat();
+        assert!(
+            err(&not_object)
+                .starts_with("batch item 1: invalid type: integer `7`, expected a JSON object"),
+            "{}",
+            err(&not_object)
+        );
+        let invalid = [
+            &b"["[..],
+            ok,
+            br#",{"specversion":"1.0","id":"2","type":"t"}]"#,
+        ]
+        .concat();
+        assert_eq!(err(&invalid), "batch item 1: source is missing");
+        let truncated = [&b"["[..], ok, br#",{"id":"#].concat();
+        assert!(
+            err(&truncated).starts_with("batch item 1: "),
+            "{}",
+            err(&truncated)
+        );
+        let trailing = [&b"["[..], ok, b"] x"].concat();
+        assert!(err(&trailing)
+            .starts_with("a CloudEvents batch must be a JSON array: trailing characters"));
+    }
+
+    #[test]
+    fn repeated_members_last_one_counts_and_escaped_names_are_read() {
+        let input = Bytes::from_static(
+            br#"{"specversion":"1.0","id":"first","source":"/s","type":"t","id":"second",
+                "ext":"a","\u0065xt":"b","other":1,"data":{"k":1}}"#,
+        );
+        let e = decode_event(&input).unwrap();
+        assert_eq!(e.id, "second");
+        assert_eq!(
+            e.extensions,
+            vec![
+                ("ext".to_owned(), ExtValue::String("b".into())),
+                ("other".to_owned(), ExtValue::Integer(1)),
+            ]
+        );
+        assert_eq!(e.data.as_bytes().unwrap().as_ref(), br#"{"k":1}"#);
     }
 }
