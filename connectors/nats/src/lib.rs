@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration as StdDuration;
 
 use async_nats::jetstream::{self, stream};
-use async_nats::HeaderMap;
+use async_nats::{HeaderMap, HeaderName};
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::Deserialize;
@@ -379,6 +379,16 @@ enum Publisher {
     Core(async_nats::Client),
 }
 
+const CONTENT_TYPE: HeaderName = HeaderName::from_static("Content-Type");
+const CE_SPECVERSION: HeaderName = HeaderName::from_static("ce-specversion");
+const CE_ID: HeaderName = HeaderName::from_static("ce-id");
+const CE_SOURCE: HeaderName = HeaderName::from_static("ce-source");
+const CE_TYPE: HeaderName = HeaderName::from_static("ce-type");
+const CE_DATACONTENTTYPE: HeaderName = HeaderName::from_static("ce-datacontenttype");
+const CE_DATASCHEMA: HeaderName = HeaderName::from_static("ce-dataschema");
+const CE_SUBJECT: HeaderName = HeaderName::from_static("ce-subject");
+const CE_TIME: HeaderName = HeaderName::from_static("ce-time");
+
 struct NatsSink {
     name: String,
     template: Template,
@@ -409,34 +419,38 @@ impl NatsSink {
     fn encode(&self, e: &Event) -> (HeaderMap, Bytes) {
         let mut h = HeaderMap::new();
         let id = if self.argo { e.id.clone() } else { msg_id(e) };
-        h.insert("Nats-Msg-Id", id.as_str());
+        h.insert(async_nats::header::NATS_MESSAGE_ID, id);
         match self.mode {
             Mode::Structured => {
-                h.insert("Content-Type", format::STRUCTURED_CONTENT_TYPE);
+                h.insert(CONTENT_TYPE, format::STRUCTURED_CONTENT_TYPE);
                 (h, Bytes::from(format::encode_event(e)))
             }
             Mode::Binary => {
-                let mut put = |k: &str, v: &str| {
-                    h.insert(k, percent_encode_value(v).as_ref());
+                // Fixed names are static (no allocation per event); values are moved in.
+                let mut put = |k: HeaderName, v: &str| {
+                    h.insert(k, percent_encode_value(v).into_owned());
                 };
-                put("ce-specversion", "1.0");
-                put("ce-id", &e.id);
-                put("ce-source", &e.source);
-                put("ce-type", &e.ty);
+                put(CE_SPECVERSION, "1.0");
+                put(CE_ID, &e.id);
+                put(CE_SOURCE, &e.source);
+                put(CE_TYPE, &e.ty);
                 if let Some(v) = &e.datacontenttype {
-                    put("ce-datacontenttype", v);
+                    put(CE_DATACONTENTTYPE, v);
                 }
                 if let Some(v) = &e.dataschema {
-                    put("ce-dataschema", v);
+                    put(CE_DATASCHEMA, v);
                 }
                 if let Some(v) = &e.subject {
-                    put("ce-subject", v);
+                    put(CE_SUBJECT, v);
                 }
                 if let Some(v) = &e.time {
-                    put("ce-time", Timestamp::as_str(v));
+                    put(CE_TIME, Timestamp::as_str(v));
                 }
                 for (n, v) in &e.extensions {
-                    put(&format!("ce-{n}"), &v.to_canonical());
+                    h.insert(
+                        format!("ce-{n}").as_str(),
+                        percent_encode_value(&v.to_canonical()).into_owned(),
+                    );
                 }
                 (h, e.data.as_bytes().cloned().unwrap_or_default())
             }
