@@ -653,3 +653,112 @@ async fn webhook_to_jetstream_survives_a_nats_outage() {
     let _ = nats.kill();
     let _ = nats.wait();
 }
+
+/// The records of `topic` (one partition, from the beginning) as (ce_id header, key), until
+/// `n` arrived or ten seconds passed.
+fn kafka_records(bootstrap: &str, topic: &str, n: usize) -> Vec<(String, Option<String>)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "sluice-e2e")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.len() < n && Instant::now() < deadline {
+        let Some(m) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let m = m.unwrap();
+        let id = m
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "ce_id"))
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .expect("a ce_id header");
+        let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
+        out.push((id, key));
+    }
+    out
+}
+
+/// webhook → Kafka (librdkafka's mock cluster: the Kafka protocol on real sockets) through the
+/// real binary: 200 only after the broker took the record, non-2xx while the broker is down,
+/// and every event answered 200 is in the topic, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_to_kafka_answers_after_the_broker_took_the_record() {
+    let cluster = rdkafka::mocking::MockCluster::new(1).expect("librdkafka mock cluster");
+    cluster.create_topic("events.webhook", 1, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let dir = tempfile::tempdir().unwrap();
+    let hook: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let body = format!(
+        "sources:\n  hooks: {{ kind: webhook, listen: {hook}, path: /, ack_timeout: 5s }}\nsinks:\n  stream:\n    kind: kafka\n    brokers: {bootstrap}\n    topic: \"events.{{type}}\"\n    key: \"{{id}}\"\n    message_timeout: 2s\n    properties: {{ reconnect.backoff.max.ms: 100 }}\nroutes:\n  - {{ from: [hooks], to: [stream] }}\n"
+    );
+    let d = Daemon::start_with(dir.path(), &body, hook);
+    d.wait_ready().await;
+    let mut acked = Vec::new();
+    for i in 0..3 {
+        let id = format!("before-{i}");
+        let (s, b) = request(d.hook, "POST", "/", &[("idempotency-key", &id)], b"{}")
+            .await
+            .unwrap();
+        assert_eq!(s, StatusCode::OK, "{b:?}");
+        acked.push(id);
+    }
+    // The same event again: answered from the dedup window, not written twice.
+    let (s, _) = request(
+        d.hook,
+        "POST",
+        "/",
+        &[("idempotency-key", "before-0")],
+        b"{}",
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, StatusCode::OK);
+
+    cluster.broker_down(1).unwrap();
+    let (s, b) = request(d.hook, "POST", "/", &[("idempotency-key", "during")], b"{}")
+        .await
+        .unwrap();
+    assert!(
+        !s.is_success(),
+        "a broker outage is never answered 2xx, got {s}: {b:?}"
+    );
+    cluster.broker_up(1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (s, _) = request(d.hook, "POST", "/", &[("idempotency-key", "after")], b"{}")
+            .await
+            .unwrap();
+        if s == StatusCode::OK {
+            acked.push("after".into());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no recovery after the broker came back"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(d.stop().success());
+
+    let got = kafka_records(&bootstrap, "events.webhook", acked.len());
+    for id in &acked {
+        let n = got.iter().filter(|(g, _)| g == id).count();
+        assert_eq!(
+            n, 1,
+            "{id} was answered 200: it must be in the topic once: {got:?}"
+        );
+    }
+    for (id, key) in &got {
+        assert_eq!(key.as_deref(), Some(id.as_str()), "the key template");
+    }
+}
