@@ -253,7 +253,8 @@ pub struct Delivery {
     unit: Arc<Unit>,
     idx: usize,
     sink: Arc<SinkShared>,
-    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    /// This sink's queue-bytes and memory-budget permits (taken only by dead-lettering).
+    permits: Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)>,
     /// The dead-letter target and a copy of the event, when the sink has one.
     dead_letter: Option<Box<(Arc<DeadLetter>, Event)>>,
     done: bool,
@@ -272,7 +273,7 @@ impl Delivery {
             unit,
             idx,
             sink,
-            _permits: permits,
+            permits: Some(permits),
             dead_letter,
             done: false,
         }
@@ -339,7 +340,7 @@ impl Delivery {
             "delivery failed; sending the event to the dead-letter sink"
         );
         event.set_extension(DEAD_LETTER_SINK, &*self.sink.name);
-        event.set_extension(DEAD_LETTER_REASON, reason);
+        event.set_extension(DEAD_LETTER_REASON, reason.as_str());
         event.set_extension(
             DEAD_LETTER_STATUS,
             if status == Status::Rejected {
@@ -348,10 +349,36 @@ impl Delivery {
                 "failed"
             },
         );
-        let (unit, idx) = (self.unit.clone(), self.idx);
+        // This sink's queue-bytes permit stays taken until the dead-letter sink holds the
+        // event: failures waiting on a slow dead-letter sink keep counting against this sink's
+        // queue, so the pressure reaches the sources instead of piling up in tasks. The budget
+        // permit goes now (the dead-letter push takes its own; holding both could deadlock).
+        let bytes_permit = self.permits.take().map(|(bytes, _budget)| bytes);
+        let guard = DeadLetterGuard {
+            unit: self.unit.clone(),
+            idx: self.idx,
+            armed: true,
+        };
+        let sink = self.sink.name.clone();
         rt.spawn(async move {
-            dl.target.push(event, &unit, idx).await;
-            unit.report(idx, Status::Delivered, None);
+            let mut guard = guard;
+            let held = dl.target.push(event, &guard.unit, guard.idx).await;
+            drop(bytes_permit);
+            guard.armed = false;
+            if held {
+                // The dead-letter delivery now decides the event's outcome.
+                guard.unit.report(guard.idx, Status::Delivered, None);
+            } else {
+                guard.unit.report(
+                    guard.idx,
+                    status,
+                    Some(format!(
+                        "sink {sink}: {reason}; the dead-letter sink {} is full \
+                         (when_full: drop_newest) and dropped it",
+                        dl.target.shared.name
+                    )),
+                );
+            }
         });
     }
 
@@ -370,6 +397,25 @@ impl Delivery {
         }
         let reason = reason.map(|r| format!("sink {}: {r}", self.sink.name));
         self.unit.report(self.idx, status, reason);
+    }
+}
+
+/// Fails the event if the dead-letter task is dropped (runtime shutdown) before it reported.
+struct DeadLetterGuard {
+    unit: Arc<Unit>,
+    idx: usize,
+    armed: bool,
+}
+
+impl Drop for DeadLetterGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.unit.report(
+                self.idx,
+                Status::Failed,
+                Some("the pipeline stopped while the event was being dead-lettered".into()),
+            );
+        }
     }
 }
 

@@ -516,6 +516,76 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_full_drop_newest_dead_letter_sink_fails_the_event_upstream() {
+        let mut sp = spec(
+            &[("a", 10, WhenFull::Block), ("dl", 1, WhenFull::DropNewest)],
+            all_to(vec![0]),
+        );
+        sp.sinks[0].dead_letter = Some(1);
+        let mut b = build(&sp);
+        let pending = b.senders[0].send(vec![ev("1"), ev("2")]).await;
+        b.inputs[0].recv().await.unwrap().delivery.failed("boom 1");
+        for _ in 0..5 {
+            tokio::task::yield_now().await;
+        }
+        // The dead-letter queue holds one event: the second failure finds it full.
+        b.inputs[0].recv().await.unwrap().delivery.failed("boom 2");
+        for _ in 0..5 {
+            tokio::task::yield_now().await;
+        }
+        let mut pending = Box::pin(pending);
+        assert!(futures_util::poll!(pending.as_mut()).is_pending());
+        let dl = b.inputs[1].recv().await.unwrap();
+        assert_eq!(dl.event.id, "1");
+        dl.delivery.delivered();
+        let out = pending.await;
+        assert_eq!(out.status, Status::Failed, "a dropped event is not handled");
+        let reason = out.reason.unwrap();
+        assert!(
+            reason.contains("sink a: boom 2") && reason.contains("dead-letter sink dl is full"),
+            "{reason}"
+        );
+    }
+
+    #[tokio::test]
+    async fn events_waiting_for_the_dead_letter_sink_keep_the_failing_sinks_queue_taken() {
+        let mut sp = spec(
+            &[("a", 10, WhenFull::Block), ("dl", 10, WhenFull::Block)],
+            all_to(vec![0]),
+        );
+        sp.sinks[0].queue_bytes = 1000;
+        sp.sinks[1].queue_bytes = 1000;
+        sp.sinks[0].dead_letter = Some(1);
+        let mut b = build(&sp);
+        let big = |id: &str| ev(id).with_json(bytes::Bytes::from(vec![b'1'; 900]));
+        // The first event fills the dead-letter queue; the second waits for room there.
+        let first = b.senders[0].send(vec![big("1")]).await;
+        b.inputs[0].recv().await.unwrap().delivery.failed("boom");
+        let second = b.senders[0].send(vec![big("2")]).await;
+        b.inputs[0].recv().await.unwrap().delivery.failed("boom");
+        tokio::task::yield_now().await;
+        // While "2" waits for the dead-letter sink, it still holds sink a's queue bytes: a
+        // third event cannot enter a's queue (the pressure reaches the source).
+        let third = b.senders[0].send(vec![big("3")]);
+        let mut third = Box::pin(third);
+        for _ in 0..10 {
+            assert!(futures_util::poll!(third.as_mut()).is_pending());
+            tokio::task::yield_now().await;
+        }
+        let dl1 = b.inputs[1].recv().await.unwrap();
+        assert_eq!(dl1.event.id, "1");
+        dl1.delivery.delivered();
+        let third = third.await;
+        let dl2 = b.inputs[1].recv().await.unwrap();
+        assert_eq!(dl2.event.id, "2");
+        dl2.delivery.delivered();
+        assert!(first.await.is_delivered());
+        assert!(second.await.is_delivered());
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        assert!(third.await.is_delivered());
+    }
+
+    #[tokio::test]
     async fn dead_letter_queue_closes_after_the_failing_sink_is_done() {
         let mut b = with_dead_letter();
         let pending = b.senders[0].send(vec![ev("1")]).await;

@@ -113,8 +113,9 @@ impl SinkQueue {
 
     /// Queues `event` for this sink on behalf of event `idx` of `unit`. Cancel-safe: permits
     /// taken before a cancellation are returned, and the delivery ticket exists only once the
-    /// event is in the queue.
-    pub(crate) async fn push(&self, event: Event, unit: &Arc<Unit>, idx: usize) {
+    /// event is in the queue. Returns false when a full `drop_newest` queue dropped the event
+    /// (a policy, not settled); true when the event is queued or settled as failed.
+    pub(crate) async fn push(&self, event: Event, unit: &Arc<Unit>, idx: usize) -> bool {
         // An event larger than a bound still passes, alone, when the queue is empty.
         let size = (event.approx_size().min(u32::MAX as usize) as u32).min(self.max_bytes);
         let gsize = size.min(self.budget_max);
@@ -143,14 +144,14 @@ impl SinkQueue {
                         Ok(slot) => Some((p1, p2, slot)),
                         Err(mpsc::error::TrySendError::Full(())) => {
                             t.dropped_full.increment(1);
-                            return;
+                            return false;
                         }
                         Err(mpsc::error::TrySendError::Closed(())) => None,
                     },
                     _ if self.tx.is_closed() => None,
                     _ => {
                         t.dropped_full.increment(1);
-                        return;
+                        return false;
                     }
                 }
             }
@@ -172,6 +173,7 @@ impl SinkQueue {
                 );
                 t.queue_events.increment(1.0);
                 slot.send(SinkItem { event, delivery });
+                true
             }
             None => {
                 t.failures.increment(1);
@@ -184,6 +186,7 @@ impl SinkQueue {
                     )),
                     false,
                 );
+                true
             }
         }
     }
