@@ -405,9 +405,9 @@ async fn deliver(target: Arc<Target>, items: Vec<SinkItem>, shutdown: Cancellati
                         tracing::debug!(sink = %target.sink, attempt, wait = ?wait, reason = %reason, "retrying");
                         tokio::select! {
                             _ = tokio::time::sleep(wait) => {}
-                            _ = shutdown.cancelled() => {
-                                break Err((false, format!("{reason}; stopped retrying at shutdown")));
-                            }
+                            // Interrupted, not failed for good: the deliveries are dropped,
+                            // which fails them upstream without dead-lettering them.
+                            _ = shutdown.cancelled() => return,
                         }
                     }
                 }
@@ -460,28 +460,31 @@ async fn attempt_once(target: &Target, headers: HeaderMap, body: Bytes) -> Attem
     *req.method_mut() = target.method.clone();
     *req.uri_mut() = target.uri.clone();
     *req.headers_mut() = headers;
-    let exchange = async {
-        let resp = target.client.request(req).await?;
-        let status = resp.status();
-        let asked = resp
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| retry::parse_retry_after(v.as_bytes(), SystemTime::now()));
-        // Read the answer so the connection can be reused, and keep its start for errors.
-        let text = match Limited::new(resp.into_body(), MAX_ANSWER).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(_) => Bytes::new(),
-        };
-        Ok::<_, hyper_util::client::legacy::Error>((status, asked, text))
+    // One deadline for the answer's head; the status alone decides the outcome. The body is
+    // read (bounded in size, by the same deadline) only so the connection can be reused and for
+    // an error message: a slow body never turns an accepted event into a retry.
+    let deadline = tokio::time::Instant::now() + target.timeout;
+    let resp = match tokio::time::timeout_at(deadline, target.client.request(req)).await {
+        Err(_) => {
+            return Attempt::Transient(
+                format!("no answer within timeout ({:?})", target.timeout),
+                None,
+            )
+        }
+        Ok(Err(e)) => return Attempt::Transient(error_chain(&e), None),
+        Ok(Ok(resp)) => resp,
     };
-    match tokio::time::timeout(target.timeout, exchange).await {
-        Err(_) => Attempt::Transient(
-            format!("no answer within timeout ({:?})", target.timeout),
-            None,
-        ),
-        Ok(Err(e)) => Attempt::Transient(error_chain(&e), None),
-        Ok(Ok((status, asked, text))) => classify(target, status, asked, &text),
-    }
+    let status = resp.status();
+    let asked = resp
+        .headers()
+        .get(RETRY_AFTER)
+        .and_then(|v| retry::parse_retry_after(v.as_bytes(), SystemTime::now()));
+    let body = Limited::new(resp.into_body(), MAX_ANSWER).collect();
+    let text = match tokio::time::timeout_at(deadline, body).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        _ => Bytes::new(),
+    };
+    classify(target, status, asked, &text)
 }
 
 fn classify(
@@ -506,7 +509,10 @@ fn classify(
     };
     if status == StatusCode::GONE {
         Attempt::Permanent(format!("{reason} (410: the target asks not to send again)"))
-    } else if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+    } else if status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::REQUEST_TIMEOUT
+        || status.is_server_error()
+    {
         Attempt::Transient(reason, asked)
     } else {
         Attempt::Permanent(reason)

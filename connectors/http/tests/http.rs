@@ -400,6 +400,65 @@ async fn slow_target_times_out_and_is_retried() {
     assert!(out.reason.unwrap().contains("timeout"));
 }
 
+/// The status decides: a 200 whose body is still arriving when the timeout strikes is
+/// delivered (not retried, which would send a duplicate).
+#[tokio::test]
+async fn a_success_with_a_slow_body_is_delivered_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let r = requests.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let r = r.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let _ = tcp.read(&mut buf).await;
+                r.fetch_add(1, Ordering::SeqCst);
+                let head = "HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial";
+                let _ = tcp.write_all(head.as_bytes()).await;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            });
+        }
+    });
+    let cfg = sink(&format!(
+        r#"{{"url": "http://127.0.0.1:{port}/", "timeout": "200ms", {}}}"#,
+        quick_retry(3)
+    ));
+    let (rig, _task) = start("http-slow-body", cfg).await;
+    let t0 = Instant::now();
+    let out = rig.send(vec![event("sb-1")]).await;
+    assert!(out.is_delivered(), "{out:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        1,
+        "no retry of an accepted event"
+    );
+}
+
+#[tokio::test]
+async fn request_timeout_408_is_retried() {
+    let script: Script = Arc::new(|n| {
+        let status = if n == 0 {
+            StatusCode::REQUEST_TIMEOUT
+        } else {
+            StatusCode::OK
+        };
+        (status, vec![], Duration::ZERO)
+    });
+    let server = serve(script, None).await;
+    let cfg = sink(&format!(
+        r#"{{"url": "{}", {}}}"#,
+        server.url,
+        quick_retry(3)
+    ));
+    let (rig, _task) = start("http-408", cfg).await;
+    assert!(rig.send(vec![event("t-1")]).await.is_delivered());
+    assert_eq!(server.count(), 2);
+}
+
 #[tokio::test]
 async fn unreachable_target_fails_after_retries() {
     let port = testkit::free_port();
