@@ -206,7 +206,8 @@ fn event_from_members(input: &Bytes, mut members: Members<'_>) -> Result<Event, 
     };
 
     // What is left are extensions. Sorted by name for deterministic encodings; of repeats the
-    // last one counts (the stable sort keeps document order among equal names).
+    // last one counts (reversed first, the stable sort puts the last of equal names first, and
+    // dedup keeps the first of a run).
     let mut rest = members.0;
     rest.reverse();
     rest.sort_by(|a, b| a.0.cmp(&b.0));

@@ -310,7 +310,9 @@ impl KafkaSink {
     }
 
     /// Enqueues one record with librdkafka. On a full local queue, waits for a delivery report
-    /// (settling it) and tries again.
+    /// (settling it) and tries again. With nothing of ours in librdkafka's queue, a full queue
+    /// means this record alone does not fit (`queue.buffering.max.kbytes` below its size): that
+    /// is returned as the record's error instead of retried forever.
     async fn enqueue(
         &self,
         record: &Record,
@@ -331,9 +333,6 @@ impl KafkaSink {
                     if !in_flight.is_empty() =>
                 {
                     in_flight.next().await;
-                }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                    tokio::time::sleep(StdDuration::from_millis(10)).await;
                 }
                 Err((e, _)) => return Err(e),
             }
