@@ -89,15 +89,16 @@ prepare() {
   cargo build --release --bin sluice >/dev/null
 }
 
-# One wrk run against 127.0.0.1:$1/ with $work/post.lua; prints "req/s non-2xx p99".
+# One wrk run against 127.0.0.1:$1/ with $work/post.lua (LOAD_PIN: a command prefix);
+# prints "req/s non-2xx p99".
 run_wrk() {
-  local out; out=$(LOAD_RUN="$(date +%s%N)" wrk -t1 -c"${2:-$CONNS}" -d"${DURATION}s" --latency -s "$work/post.lua" "http://127.0.0.1:$1/" 2>&1)
+  local out; out=$(LOAD_RUN="$(date +%s%N)" ${LOAD_PIN:-} wrk -t1 -c"${2:-$CONNS}" -d"${DURATION}s" --latency -s "$work/post.lua" "http://127.0.0.1:$1/" 2>&1)
   echo "$(awk '/Requests\/sec/ {print $2}' <<<"$out") $(awk '/Non-2xx/ {n=$4} END {print n+0}' <<<"$out") $(awk '$1=="99%" {print $2}' <<<"$out")"
 }
 
-# Runs Sluice on $work/sluice.yaml (THREADS worker threads, default 1) and waits for port $1;
-# sets $spid.
+# Runs Sluice on $work/sluice.yaml (THREADS worker threads, default 1; SERVER_PIN, e.g.
+# "taskset -c 0", as a command prefix) and waits for port $1; sets $spid.
 start_sluice_on() {
-  RUST_LOG=warn ${SLUICE_BIN:-target/release/sluice} run -c "$work/sluice.yaml" --threads "${THREADS:-1}" >/dev/null 2>"$work/sluice.err" & spid=$!
+  RUST_LOG=warn ${SERVER_PIN:-} ${SLUICE_BIN:-target/release/sluice} run -c "$work/sluice.yaml" --threads "${THREADS:-1}" >/dev/null 2>"$work/sluice.err" & spid=$!
   wait_port "$1"
 }

@@ -16,6 +16,14 @@ BATCH=${BATCH:-1}
 # Offered concurrency: 4× the window in events, so the window (not the load generator) is the
 # bound; the window of outstanding PubAcks is the same as the raw loop's.
 CONNS=${CONNS:-$(( 4 * WINDOW / BATCH > 0 ? 4 * WINDOW / BATCH : 1 ))}
+# PIN=1 (default): the system under test (the raw loop, or Sluice) on CPU 0; nats-server and wrk
+# on CPU 1, as in benches/webhook.sh. PIN=0: no pinning, the scheduler places all three.
+PIN=${PIN:-1}
+if [ "$PIN" = 1 ]; then
+  SERVER_PIN="taskset -c 0"; LOAD_PIN="taskset -c 1"; BUS_PIN="taskset -c 1"
+else
+  SERVER_PIN=""; LOAD_PIN=""; BUS_PIN=""
+fi
 NATS_PORT=14222
 PORT=18081
 
@@ -25,7 +33,7 @@ RAW=$(bench_exe nats_publish)
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-target/natsenv/bin/nats-server -a 127.0.0.1 -p $NATS_PORT -js -sd "$work/js" >/dev/null 2>&1 &
+$BUS_PIN target/natsenv/bin/nats-server -a 127.0.0.1 -p $NATS_PORT -js -sd "$work/js" >/dev/null 2>&1 &
 wait_port $NATS_PORT
 make_load "$work" "$BATCH"
 cat > "$work/sluice.yaml" <<YAML
@@ -47,7 +55,7 @@ YAML
 raw_all=""; sl_all=""
 start_sluice_on $PORT
 for r in $(seq 1 "$ROUNDS"); do
-  raw=$("$RAW" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --subject bench.raw --seconds "$DURATION" --window "$WINDOW")
+  raw=$($SERVER_PIN "$RAW" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --subject bench.raw --seconds "$DURATION" --window "$WINDOW")
   read -r rps non2xx _ <<<"$(run_wrk $PORT)"
   sl=$(python3 -c "print(round($rps * $BATCH))")
   raw_all+="$raw "; sl_all+="$sl "

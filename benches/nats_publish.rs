@@ -37,6 +37,12 @@ fn main() {
             .await
             .expect("the stream exists (benches/nats.sh creates it)");
         let payload = bytes::Bytes::from(vec![b'x'; 1024]);
+        // Ids unique to this run: a repeat of an earlier round's id would be dropped by the
+        // stream's duplicate window (a cheap PubAck, no write) and inflate the ceiling.
+        let run = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
         let mut acks = VecDeque::with_capacity(window);
         let started = Instant::now();
         let deadline = started + Duration::from_secs(seconds);
@@ -51,7 +57,7 @@ fn main() {
                 }
             }
             let mut headers = async_nats::HeaderMap::new();
-            headers.insert("Nats-Msg-Id", format!("raw-{sent}").as_str());
+            headers.insert("Nats-Msg-Id", format!("raw-{run}-{sent}").as_str());
             acks.push_back(
                 js.publish_with_headers(subject.clone(), headers, payload.clone())
                     .await
