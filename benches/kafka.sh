@@ -15,13 +15,14 @@ ROUNDS=${ROUNDS:-3}
 BATCH=${BATCH:-1}
 CONNS=${CONNS:-1024}
 PORT=18082
+pin_setup   # PIN=1 (default): Sluice or the raw loop on CPU 0, the mock cluster and wrk on CPU 1
 
 prepare
 cargo build --release -p sluice-kafka --examples >/dev/null
 work=$(mktemp -d)
 trap 'exec 3>&- 2>/dev/null; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 mkfifo "$work/hold"
-target/release/examples/mock_cluster --brokers 1 --topic bench --partitions 3 <"$work/hold" >"$work/bootstrap" 2>"$work/mock.err" &
+$BUS_PIN target/release/examples/mock_cluster --brokers 1 --topic bench --partitions 3 <"$work/hold" >"$work/bootstrap" 2>"$work/mock.err" &
 exec 3>"$work/hold"
 for _ in $(seq 1 100); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
 BS=$(head -1 "$work/bootstrap")
@@ -45,7 +46,7 @@ YAML
 raw_all=""; sl_all=""
 start_sluice_on $PORT
 for r in $(seq 1 "$ROUNDS"); do
-  raw=$(target/release/examples/produce_loop --brokers "$BS" --topic bench --seconds "$DURATION" --window "$WINDOW")
+  raw=$($SERVER_PIN target/release/examples/produce_loop --brokers "$BS" --topic bench --seconds "$DURATION" --window "$WINDOW")
   read -r rps non2xx _ <<<"$(run_wrk $PORT)"
   sl=$(python3 -c "print(round($rps * $BATCH))")
   raw_all+="$raw "; sl_all+="$sl "

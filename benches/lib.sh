@@ -1,5 +1,16 @@
 # Shared pieces of the benchmark scripts (sourced).
 
+# PIN=1 (default): the system under test (a raw loop, or Sluice) on CPU 0, the bus and the load
+# generator on CPU 1, as in benches/webhook.sh. PIN=0: the scheduler places them all. Sets the
+# command prefixes SERVER_PIN, BUS_PIN and LOAD_PIN.
+pin_setup() {
+  if [ "${PIN:-1}" = 1 ]; then
+    SERVER_PIN="taskset -c 0"; BUS_PIN="taskset -c 1"; LOAD_PIN="taskset -c 1"
+  else
+    SERVER_PIN=""; BUS_PIN=""; LOAD_PIN=""
+  fi
+}
+
 # Waits until something listens on 127.0.0.1:$1.
 wait_port() {
   for _ in $(seq 1 200); do (echo > /dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done

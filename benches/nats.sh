@@ -16,14 +16,7 @@ BATCH=${BATCH:-1}
 # Offered concurrency: 4× the window in events, so the window (not the load generator) is the
 # bound; the window of outstanding PubAcks is the same as the raw loop's.
 CONNS=${CONNS:-$(( 4 * WINDOW / BATCH > 0 ? 4 * WINDOW / BATCH : 1 ))}
-# PIN=1 (default): the system under test (the raw loop, or Sluice) on CPU 0; nats-server and wrk
-# on CPU 1, as in benches/webhook.sh. PIN=0: no pinning, the scheduler places all three.
-PIN=${PIN:-1}
-if [ "$PIN" = 1 ]; then
-  SERVER_PIN="taskset -c 0"; LOAD_PIN="taskset -c 1"; BUS_PIN="taskset -c 1"
-else
-  SERVER_PIN=""; LOAD_PIN=""; BUS_PIN=""
-fi
+pin_setup   # PIN=1 (default): Sluice or the raw loop on CPU 0, nats-server and wrk on CPU 1
 NATS_PORT=14222
 PORT=18081
 
