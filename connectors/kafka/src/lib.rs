@@ -310,14 +310,16 @@ impl KafkaSink {
     }
 
     /// Enqueues one record with librdkafka. On a full local queue, waits for a delivery report
-    /// (settling it) and tries again. With nothing of ours in librdkafka's queue, a full queue
-    /// means this record alone does not fit (`queue.buffering.max.kbytes` below its size): that
-    /// is returned as the record's error instead of retried forever.
+    /// (settling it) and tries again. With nothing of ours awaiting a report, the queue is full
+    /// only for a moment (reported records are still being freed) or because this record alone
+    /// does not fit (`queue.buffering.max.kbytes` below its size): short waits, then the
+    /// record's error, instead of retrying forever.
     async fn enqueue(
         &self,
         record: &Record,
         in_flight: &mut FuturesUnordered<Pending>,
     ) -> Result<DeliveryFuture, KafkaError> {
+        let mut idle_waits = 0u32;
         loop {
             let mut r =
                 FutureRecord::<str, [u8]>::to(&record.topic).headers(record.headers.clone());
@@ -333,6 +335,12 @@ impl KafkaSink {
                     if !in_flight.is_empty() =>
                 {
                     in_flight.next().await;
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
+                    if idle_waits < 100 =>
+                {
+                    idle_waits += 1;
+                    tokio::time::sleep(StdDuration::from_millis(10)).await;
                 }
                 Err((e, _)) => return Err(e),
             }

@@ -333,3 +333,28 @@ fn invalid_configs_say_what_is_wrong() {
     );
     bad(serde_json::json!({"brokers": "", "topic": "t"}), "brokers");
 }
+
+/// A record larger than librdkafka's whole local queue can never be enqueued: it fails after
+/// short waits instead of blocking the sink forever, and the sink goes on with the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_larger_than_the_local_queue_fails_and_the_sink_goes_on() {
+    let c = cluster(1);
+    c.create_topic("small", 1, 1).unwrap();
+    let cfg = config(serde_json::json!({
+        "brokers": c.bootstrap_servers(),
+        "topic": "small",
+        "properties": { "queue.buffering.max.kbytes": 1 },
+    }));
+    let rig = start("kafka-small-queue", cfg).await;
+    let big = Event::new("big", "/orders", "com.example.order")
+        .with_json(Bytes::from(format!("\"{}\"", "x".repeat(4096))));
+    let t0 = Instant::now();
+    let out = rig.send(vec![big]).await;
+    assert_eq!(out.status, Status::Failed, "{out:?}");
+    assert!(out
+        .reason
+        .unwrap()
+        .contains("Kafka did not take the record"));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(rig.send(vec![event("small-1")]).await.is_delivered());
+}
