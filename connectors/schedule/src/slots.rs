@@ -97,6 +97,38 @@ impl Slots {
         }
     }
 
+    /// Whether the local wall-clock time of `t` names one instant only.
+    fn unambiguous(&self, t: DateTime<Utc>) -> bool {
+        use chrono::TimeZone;
+        matches!(
+            self.tz
+                .from_local_datetime(&t.with_timezone(&self.tz).naive_local()),
+            chrono::LocalResult::Single(_)
+        )
+    }
+
+    /// The first instant (to the second) after `t` whose local time is unambiguous again,
+    /// for a `t` inside a repeated hour.
+    fn repeat_end(&self, t: DateTime<Utc>) -> DateTime<Utc> {
+        let (mut lo, mut hi) = (t, t + chrono::Duration::hours(1));
+        for _ in 0..48 {
+            if self.unambiguous(hi) {
+                break;
+            }
+            lo = hi;
+            hi += chrono::Duration::hours(1);
+        }
+        while hi - lo > chrono::Duration::seconds(1) {
+            let mid = lo + (hi - lo) / 2;
+            if self.unambiguous(mid) {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        hi
+    }
+
     /// Slots strictly after `t`, in order.
     pub fn after(&self, t: DateTime<Utc>) -> SlotIter<'_> {
         SlotIter {
@@ -135,7 +167,19 @@ impl Iterator for SlotIter<'_> {
 
     fn next(&mut self) -> Option<DateTime<Utc>> {
         for _ in 0..MAX_CANDIDATES {
-            let s = self.slots.raw_next(self.cursor)?;
+            let mut s = self.slots.raw_next(self.cursor)?;
+            if s <= self.cursor {
+                // Inside the repeated hour when clocks go back, croner resolves the ambiguous
+                // local time it found to its first (earlier) occurrence, before the cursor.
+                // Every local time of the repeat has passed once already, so no slot lies in it:
+                // go on from where the repeat ends.
+                s = self
+                    .slots
+                    .raw_next(self.slots.repeat_end(self.cursor) - chrono::Duration::seconds(1))?;
+                if s <= self.cursor {
+                    return None;
+                }
+            }
             self.cursor = s;
             let local = s.with_timezone(&self.slots.tz).naive_local();
             if let Some(last) = self.last_local {
@@ -203,22 +247,44 @@ mod tests {
     }
 
     #[test]
-    fn spring_forward_skipped_hour_fires_nothing_twice() {
-        // 2026-03-29 02:00 → 03:00 in Berlin: 02:30 does not exist that day.
+    fn spring_forward_skipped_hour_fires_once_at_the_first_valid_instant() {
+        // 2026-03-29 02:00 CET → 03:00 CEST in Berlin: 02:30 does not exist that day. Per
+        // docs/connectors/schedule.md it fires once, moved to the first valid instant (03:00
+        // CEST = 01:00Z); the days around it are untouched.
         let s = cron("0 30 2 * * *", "Europe/Berlin");
-        let got = take(&s, "2026-03-27T12:00:00Z", 3);
-        let on_29th = got.iter().filter(|d| d.starts_with("2026-03-29")).count();
-        assert!(on_29th <= 1, "{got:?}");
-        let mut sorted = got.clone();
-        sorted.dedup();
-        assert_eq!(sorted, got, "no slot twice");
-        assert_eq!(got[0], "2026-03-28T01:30:00Z");
-        assert!(got.contains(&"2026-03-30T00:30:00Z".to_string()), "{got:?}");
+        assert_eq!(
+            take(&s, "2026-03-27T12:00:00Z", 4),
+            [
+                "2026-03-28T01:30:00Z",
+                "2026-03-29T01:00:00Z",
+                "2026-03-30T00:30:00Z",
+                "2026-03-31T00:30:00Z"
+            ]
+        );
+        // Starting inside the gap's night, just after the moved slot: the next day's 02:30.
+        assert_eq!(
+            take(&s, "2026-03-29T01:00:00Z", 1),
+            ["2026-03-30T00:30:00Z"]
+        );
+        // Every 20 minutes across the gap: 01:20, 01:40 CET, then 03:00 CEST on; the
+        // nonexistent 02:00-02:40 do not pile up on 03:00.
+        let s = cron("0 */20 * * * *", "Europe/Berlin");
+        assert_eq!(
+            take(&s, "2026-03-29T00:10:00Z", 5),
+            [
+                "2026-03-29T00:20:00Z",
+                "2026-03-29T00:40:00Z",
+                "2026-03-29T01:00:00Z",
+                "2026-03-29T01:20:00Z",
+                "2026-03-29T01:40:00Z"
+            ]
+        );
     }
 
     #[test]
     fn fall_back_repeated_hour_does_not_fire_twice() {
-        // 2026-10-25 03:00 CEST → 02:00 CET: 02:30 happens twice in Berlin.
+        // 2026-10-25 03:00 CEST → 02:00 CET: 02:30 happens twice in Berlin; it fires at the
+        // first (CEST) one only.
         let s = cron("0 30 2 * * *", "Europe/Berlin");
         let got = take(&s, "2026-10-24T12:00:00Z", 3);
         assert_eq!(
@@ -229,20 +295,40 @@ mod tests {
                 "2026-10-27T01:30:00Z"
             ]
         );
-        // Every 20 minutes across the repeated hour: each local time once.
+        // Resuming from the slot that fired (as after a restart, from the stored last slot) or
+        // from inside the repeated hour: the CET 02:30 is not fired again.
+        assert_eq!(
+            take(&s, "2026-10-25T00:30:00Z", 1),
+            ["2026-10-26T01:30:00Z"]
+        );
+        assert_eq!(
+            take(&s, "2026-10-25T01:10:00Z", 1),
+            ["2026-10-26T01:30:00Z"]
+        );
+        // Every 20 minutes across the repeated hour: each local time once, in order. The CET
+        // repeats of 02:00, 02:20 and 02:40 (01:00Z-01:40Z) are skipped; 03:00 CET is 02:00Z.
         let s = cron("0 */20 * * * *", "Europe/Berlin");
         let got: Vec<_> = s
             .after(utc("2026-10-24T23:50:00Z"))
             .take_while(|d| *d < utc("2026-10-25T03:00:00Z"))
+            .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .collect();
-        let locals: Vec<_> = got
-            .iter()
-            .map(|d| d.with_timezone(&chrono_tz::Europe::Berlin).naive_local())
-            .collect();
-        let mut unique = locals.clone();
-        unique.dedup();
-        assert_eq!(locals, unique, "{locals:?}");
-        assert!(locals.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(
+            got,
+            [
+                "2026-10-25T00:00:00Z",
+                "2026-10-25T00:20:00Z",
+                "2026-10-25T00:40:00Z",
+                "2026-10-25T02:00:00Z",
+                "2026-10-25T02:20:00Z",
+                "2026-10-25T02:40:00Z"
+            ]
+        );
+        // Started inside the repeat (02:10 CET): nothing before it, nothing in it.
+        assert_eq!(
+            take(&s, "2026-10-25T01:10:00Z", 2),
+            ["2026-10-25T02:00:00Z", "2026-10-25T02:20:00Z"]
+        );
     }
 
     #[test]
