@@ -51,11 +51,20 @@ enum Command {
     Connectors,
 }
 
+/// ANSI colour only for a person at a terminal: never into a file, a pipe or a log collector,
+/// and never when `NO_COLOR` is set to anything non-empty (<https://no-color.org>).
+fn colour_logs() -> bool {
+    use std::io::IsTerminal;
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    !no_color && std::io::stderr().is_terminal()
+}
+
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour_logs())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
