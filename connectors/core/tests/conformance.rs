@@ -1,5 +1,5 @@
 //! The official CloudEvents conformance vectors (JSON format, HTTP and Kafka binding scenarios),
-//! read from `../shared/compat/cloudevents-conformance`, plus a cross-check of our encoders
+//! read from the copy in `tests/data/cloudevents-conformance`, plus a cross-check of our encoders
 //! against the CloudEvents Rust SDK.
 
 use std::path::PathBuf;
@@ -10,18 +10,10 @@ use serde_json::Value;
 use sluice_core::event::{Data, Event, ExtValue, Timestamp};
 use sluice_core::{format, http_binding, kafka_binding};
 
+/// The vectors are kept in the repository (`tests/data/cloudevents-conformance`, with their
+/// origin and licence in its README), so the test command needs nothing outside the clone.
 fn vectors_dir() -> PathBuf {
-    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    for dir in here.ancestors() {
-        let candidate = dir.join("shared/compat/cloudevents-conformance");
-        if candidate.is_dir() {
-            return candidate;
-        }
-    }
-    panic!(
-        "the CloudEvents conformance vectors were not found: expected shared/compat/\
-         cloudevents-conformance beside the repository (as CI lays it out)"
-    );
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/cloudevents-conformance")
 }
 
 fn load(name: &str) -> Vec<Value> {
