@@ -101,6 +101,7 @@ fn dedup(c: &mut Criterion) {
     let cfg = DedupConfig {
         window: Duration::from_secs(600),
         capacity: 100_000,
+        scope: sluice_core::pipeline::DedupScope::Source,
     };
     // Insert of new keys into a full window (the steady state under load: insert + evict).
     g.bench_function("insert_new_full_100k", |b| {

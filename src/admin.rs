@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -14,18 +15,58 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Whether each component is running, for `/readyz`.
+/// One component's state, shared by its supervisor and the admin server.
 #[derive(Default)]
+pub struct Component {
+    up: AtomicBool,
+    /// When it stopped outside shutdown, and why (None while running or never started).
+    stopped: std::sync::Mutex<Option<(Instant, String)>>,
+}
+
+impl Component {
+    pub fn running(&self) {
+        self.up.store(true, Ordering::Relaxed);
+    }
+
+    /// Marks it stopped; `why` is the error (or "stopped") shown by `/healthz` and `/readyz`.
+    pub fn stopped(&self, why: String) {
+        self.up.store(false, Ordering::Relaxed);
+        *self.stopped.lock().unwrap() = Some((Instant::now(), why));
+    }
+}
+
+/// Whether each component is running (`/readyz`) and whether the process is still worth
+/// keeping (`/healthz`).
+///
+/// Liveness: a source or sink is never restarted inside the process, so one that stopped
+/// outside shutdown leaves the daemon running without it. Once such a component has been down
+/// for `liveness_grace`, `/healthz` answers 503 so a supervisor restarts the process; while
+/// draining (after SIGTERM) it stays 200, or the kubelet would kill a drain in progress.
 pub struct Readiness {
-    components: std::sync::Mutex<Vec<(String, Arc<AtomicBool>)>>,
+    components: std::sync::Mutex<Vec<(String, Arc<Component>)>>,
+    draining: AtomicBool,
+    liveness_grace: Duration,
 }
 
 impl Readiness {
-    /// Registers a component (not yet running) and returns its flag.
-    pub fn register(&self, what: String) -> Arc<AtomicBool> {
-        let flag = Arc::new(AtomicBool::new(false));
-        self.components.lock().unwrap().push((what, flag.clone()));
-        flag
+    pub fn new(liveness_grace: Duration) -> Self {
+        Readiness {
+            components: Default::default(),
+            draining: AtomicBool::new(false),
+            liveness_grace,
+        }
+    }
+
+    /// Registers a component (not yet running) and returns its state.
+    pub fn register(&self, what: String) -> Arc<Component> {
+        let c = Arc::new(Component::default());
+        self.components.lock().unwrap().push((what, c.clone()));
+        c
+    }
+
+    /// From now on components stop on purpose: they no longer count against liveness.
+    pub fn draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// The components that are not running (empty when ready).
@@ -34,8 +75,28 @@ impl Readiness {
             .lock()
             .unwrap()
             .iter()
-            .filter(|(_, f)| !f.load(Ordering::Relaxed))
+            .filter(|(_, c)| !c.up.load(Ordering::Relaxed))
             .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// The components that stopped outside shutdown at least `liveness_grace` ago, with the
+    /// reason (empty while the process is healthy).
+    pub fn dead(&self) -> Vec<String> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        self.components
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(n, c)| {
+                let stopped = c.stopped.lock().unwrap();
+                let (at, why) = stopped.as_ref()?;
+                let down = at.elapsed();
+                (down >= self.liveness_grace)
+                    .then(|| format!("{n} stopped {}s ago: {why}", down.as_secs()))
+            })
             .collect()
     }
 }
@@ -65,7 +126,17 @@ async fn handle(
             );
             r
         }
-        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/healthz" => {
+            let dead = ready.dead();
+            if dead.is_empty() {
+                text(StatusCode::OK, "ok\n")
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("unhealthy (restart the process): {}\n", dead.join("; ")),
+                )
+            }
+        }
         "/readyz" => {
             let down = ready.not_ready();
             if down.is_empty() {
@@ -116,4 +187,36 @@ pub async fn bind(
             });
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_component_stopped_outside_shutdown_fails_liveness_after_the_grace() {
+        let r = Readiness::new(Duration::from_millis(50));
+        let sink = r.register("sink out".into());
+        let source = r.register("source hooks".into());
+        assert_eq!(r.not_ready(), ["sink out", "source hooks"]);
+        assert!(r.dead().is_empty(), "never started is not dead");
+        sink.running();
+        source.running();
+        assert!(r.not_ready().is_empty());
+        sink.stopped("connection refused".into());
+        assert_eq!(r.not_ready(), ["sink out"]);
+        assert!(
+            r.dead().is_empty(),
+            "within the grace the process is still live"
+        );
+        std::thread::sleep(Duration::from_millis(60));
+        let dead = r.dead();
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert!(
+            dead[0].starts_with("sink out stopped ") && dead[0].ends_with(": connection refused"),
+            "{dead:?}"
+        );
+        r.draining();
+        assert!(r.dead().is_empty(), "a drain is never reported as dead");
+    }
 }

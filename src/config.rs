@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use indexmap::IndexMap;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use sluice_core::pipeline::{Attr, Match, RouteSpec, Unrouted, WhenFull};
+use sluice_core::pipeline::{Attr, DedupScope, Match, RouteSpec, Unrouted, WhenFull};
 use sluice_core::units::{ByteSize, Duration};
 use yaml_serde::Value;
 
@@ -72,6 +72,11 @@ pub struct AdminConfig {
     /// Set false to run without an admin server.
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// How long a source or sink may stay stopped (outside shutdown) before `/healthz` answers
+    /// 503, so a supervisor (Kubernetes liveness, systemd watchdog scripts) restarts the process.
+    /// Default 30s.
+    #[serde(default = "default_liveness_grace")]
+    pub liveness_grace: Duration,
 }
 
 impl Default for AdminConfig {
@@ -79,8 +84,13 @@ impl Default for AdminConfig {
         AdminConfig {
             listen: default_admin_listen(),
             enabled: true,
+            liveness_grace: default_liveness_grace(),
         }
     }
+}
+
+fn default_liveness_grace() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_admin_listen() -> SocketAddr {
@@ -114,6 +124,18 @@ pub struct PipelineConfig {
     /// What to do with an event no route takes: `ack` (default) or `reject`.
     #[serde(default)]
     pub unrouted: Unrouted,
+    /// `dedup: { scope: source | global }`: one dedup window per ingress source (default), or
+    /// one for the whole daemon.
+    #[serde(default)]
+    pub dedup: DedupSection,
+}
+
+/// `pipeline.dedup:` — which events share a dedup window.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupSection {
+    #[serde(default)]
+    pub scope: DedupScope,
 }
 
 impl Default for PipelineConfig {
@@ -125,6 +147,7 @@ impl Default for PipelineConfig {
             dedup_window: default_dedup_window(),
             dedup_capacity: default_dedup_capacity(),
             unrouted: Unrouted::default(),
+            dedup: DedupSection::default(),
         }
     }
 }

@@ -4,7 +4,6 @@
 //! once the last source is gone the sink queues close; sinks deliver what is queued and return.
 //! All of it within `shutdown_grace`; whatever is still unsettled then is reported as failed.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,20 +14,24 @@ use sluice_core::{Running, Shared, SinkContext, SourceContext};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, Readiness};
+use crate::admin::{self, Component, Readiness};
 use crate::config::Config;
 use crate::state::RedbStore;
 
-fn supervise(what: String, running: Running, up: Arc<AtomicBool>) -> JoinHandle<()> {
+fn supervise(what: String, running: Running, up: Arc<Component>) -> JoinHandle<()> {
     metrics::gauge!(sluice_core::telemetry::COMPONENT_UP, "component" => what.clone()).set(1.0);
     tokio::spawn(async move {
-        match running.await {
-            Ok(()) => tracing::info!(component = %what, "stopped"),
-            Err(e) => {
-                tracing::error!(component = %what, error = %e, "stopped with an error; /readyz now reports it")
+        let why = match running.await {
+            Ok(()) => {
+                tracing::info!(component = %what, "stopped");
+                "stopped".to_string()
             }
-        }
-        up.store(false, Ordering::Relaxed);
+            Err(e) => {
+                tracing::error!(component = %what, error = %e, "stopped with an error; /readyz now reports it, /healthz after admin.liveness_grace");
+                e.to_string()
+            }
+        };
+        up.stopped(why);
         metrics::gauge!(sluice_core::telemetry::COMPONENT_UP, "component" => what).set(0.0);
     })
 }
@@ -41,7 +44,7 @@ pub async fn run(
 ) -> Result<(), String> {
     // Register every component before the admin server starts, so /readyz is 503 until all of
     // them are built and running.
-    let ready = Arc::new(Readiness::default());
+    let ready = Arc::new(Readiness::new(config.admin.liveness_grace.get()));
     let sink_flags: Vec<_> = config
         .sinks
         .iter()
@@ -100,6 +103,7 @@ pub async fn run(
         dedup: Some(DedupConfig {
             window: p.dedup_window.get(),
             capacity: p.dedup_capacity,
+            scope: p.dedup.scope,
         }),
         dedup_persistent: store.is_some(),
         memory_budget: p.memory_budget.bytes(),
@@ -145,7 +149,7 @@ pub async fn run(
             .build(ctx)
             .await
             .map_err(|e| format!("sink {} (kind {}): {e}", entry.name, entry.kind))?;
-        up.store(true, Ordering::Relaxed);
+        up.running();
         sink_tasks.push(supervise(what, running, up));
     }
     let mut source_tasks = Vec::new();
@@ -168,7 +172,7 @@ pub async fn run(
             .build(ctx)
             .await
             .map_err(|e| format!("source {} (kind {}): {e}", entry.name, entry.kind))?;
-        up.store(true, Ordering::Relaxed);
+        up.running();
         source_tasks.push(supervise(what, running, up));
     }
     tracing::info!(file = %config.file, "sluice is running");
@@ -177,6 +181,7 @@ pub async fn run(
     let grace = config.shutdown_grace;
     tracing::info!(grace = ?grace, "stopping: no new input; draining accepted events");
     let deadline = tokio::time::Instant::now() + grace;
+    ready.draining();
     source_stop.cancel();
     for t in source_tasks {
         if tokio::time::timeout_at(deadline, t).await.is_err() {

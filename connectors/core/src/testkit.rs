@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::contract::{Shared, SinkContext, SourceContext};
 use crate::event::Event;
 use crate::pipeline::{
-    self, DedupConfig, Outcome, PipelineSpec, RouteSpec, SinkInput, SinkItem, SinkSpec,
+    self, DedupConfig, DedupScope, Outcome, PipelineSpec, RouteSpec, SinkInput, SinkItem, SinkSpec,
     SourceSender, Status, Unrouted, WhenFull,
 };
 use crate::state::{MemoryStateStore, StateStore};
@@ -70,6 +70,7 @@ fn spec(source: &str, sink: &str, queue_events: usize, when_full: WhenFull) -> P
         dedup: Some(DedupConfig {
             window: Duration::from_secs(600),
             capacity: 100_000,
+            scope: DedupScope::Source,
         }),
         dedup_persistent: false,
         memory_budget: 256 << 20,
@@ -168,7 +169,9 @@ impl Capture {
                 sink.lock().unwrap().push(item.event);
                 match status {
                     Status::Delivered => item.delivery.delivered(),
-                    Status::Failed => item.delivery.failed("testkit: told to fail"),
+                    Status::InFlight | Status::Failed => {
+                        item.delivery.failed("testkit: told to fail")
+                    }
                     Status::Rejected => item.delivery.rejected("testkit: told to reject"),
                 }
             }

@@ -270,7 +270,8 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
     }
     let opts = SendOptions {
         timeout: Some(route.accept_timeout),
-        fresh_ids,
+        skip_dedup: fresh_ids,
+        deadline: None,
     };
     let pending = match route.sender.send_with(events, opts).await {
         Ok(p) => p,
@@ -305,7 +306,7 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
                 outcome.duplicates
             ),
         ),
-        Status::Failed => retry_later(&format!(
+        Status::InFlight | Status::Failed => retry_later(&format!(
             "not delivered: {}",
             outcome.reason.as_deref().unwrap_or("delivery failed")
         )),

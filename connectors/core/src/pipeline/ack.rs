@@ -24,6 +24,11 @@ pub const DEAD_LETTER_STATUS: &str = "deadletterstatus";
 pub enum Status {
     /// Every sink it was routed to confirmed it (or it was a duplicate of a delivered event).
     Delivered,
+    /// A copy of this event (same dedup key) is still being delivered: nothing was forwarded.
+    /// Not a failure of this copy: a redelivering upstream should let it lapse or back off
+    /// (SQS: leave the visibility timeout to run; AMQP: nack after a delay) rather than retry
+    /// at once; once the first copy is delivered a retry is answered `Delivered`.
+    InFlight,
     /// A transient failure: the sender should retry (HTTP 5xx, broker nack with requeue).
     Failed,
     /// A permanent refusal: retrying the same input will not help (HTTP 4xx, nack to DLQ).
@@ -108,6 +113,14 @@ impl Unit {
 
     pub(crate) fn set_key(&self, idx: usize, key: u128, at: u64) {
         self.lock().events[idx].key = Some((key, at));
+    }
+
+    /// Whether an event of this unit recorded `key` in the dedup window.
+    pub(crate) fn recorded(&self, key: u128) -> bool {
+        self.lock()
+            .events
+            .iter()
+            .any(|e| e.key.is_some_and(|(k, _)| k == key))
     }
 
     /// Settles an event without a delivery (duplicate, unrouted, dead sink).
@@ -305,12 +318,21 @@ impl Delivery {
         self.unit.started
     }
 
+    /// Reports the event's outcome. Callable from any thread, including a client library's
+    /// callback thread outside the runtime (dead-lettering then runs on the runtime the
+    /// pipeline was built on).
     pub fn complete(mut self, status: Status, reason: Option<String>) {
         if status != Status::Delivered {
             if let Some(dl) = self.dead_letter.take() {
-                match tokio::runtime::Handle::try_current() {
-                    Ok(rt) => return self.dead_letter(rt, *dl, status, reason),
-                    Err(_) => self.dead_letter = None,
+                let rt = tokio::runtime::Handle::try_current()
+                    .ok()
+                    .or_else(|| dl.0.runtime.clone());
+                match rt {
+                    Some(rt) => return self.dead_letter(rt, *dl, status, reason),
+                    None => tracing::error!(
+                        sink = %self.sink.name,
+                        "no tokio runtime to dead-letter on; the event fails upstream instead"
+                    ),
                 }
             }
         }
@@ -393,7 +415,7 @@ impl Delivery {
                 t.delivered.increment(1);
                 t.latency.record(self.unit.started.elapsed().as_secs_f64());
             }
-            Status::Failed | Status::Rejected => t.failures.increment(1),
+            Status::InFlight | Status::Failed | Status::Rejected => t.failures.increment(1),
         }
         let reason = reason.map(|r| format!("sink {}: {r}", self.sink.name));
         self.unit.report(self.idx, status, reason);
@@ -436,5 +458,13 @@ impl std::fmt::Debug for Delivery {
             .field("sink", &self.sink.name)
             .field("event", &self.idx)
             .finish()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    /// Ends a hand-built unit's routing hold, as [`super::RoutingGuard::finish`] does.
+    pub(crate) fn end_routing(unit: &super::Unit) {
+        unit.end_routing();
     }
 }

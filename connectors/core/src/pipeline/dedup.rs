@@ -1,10 +1,16 @@
-//! Duplicate suppression on (source, id), the key the CloudEvents spec defines.
+//! Duplicate suppression on (source, id), the key the CloudEvents spec defines, scoped per
+//! ingress source by default (`pipeline.dedup.scope`).
 //!
 //! Bounded twice: by a time window and by a capacity (the oldest entries go first when full).
-//! Keys are 128-bit XXH3 hashes of `source \xff id`, so an entry costs the same whatever the id
-//! length: about 100 bytes with the map's and the expiry queue's overhead (see
-//! docs/architecture.md). An entry is "in flight" until its event is settled: delivered entries
-//! stay for the window, failed ones are forgotten so the sender's retry goes through.
+//! Keys are 128-bit XXH3 hashes of `source \xff id` (seeded with the ingress source under
+//! `scope: source`), so an entry costs the same whatever the id length: about 100 bytes with the
+//! map's and the expiry queue's overhead (see docs/architecture.md). An entry is "in flight"
+//! until its event is settled: delivered entries stay for the window, failed ones are forgotten
+//! so the sender's retry goes through.
+//!
+//! Persisted, the window is a ring of `capacity` slots in the state store: each delivered key
+//! overwrites the slot of the key `capacity` places older, so the table never holds more rows
+//! than the memory does, and loading it at start-up reads at most `capacity` rows.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -17,16 +23,37 @@ use crate::state::{StateError, StateStore};
 use crate::telemetry::DEDUP_EVICTIONS;
 
 const SHARDS: usize = 16;
-/// The state-store table holding delivered keys (16-byte key → 8-byte ms timestamp).
-pub const DEDUP_TABLE: &str = "dedup";
+/// The state-store table holding delivered keys: a ring of `capacity` slots (4-byte slot number
+/// → 16-byte key, 8-byte ms timestamp, 8-byte sequence number).
+pub const DEDUP_TABLE: &str = "dedup_ring";
 
-/// The dedup key of an event.
+/// The key of an event's identity, `(source, id)`: the same event has the same key in every
+/// process (it is also the JetStream `Nats-Msg-Id`). See [`crate::Event::key`].
 pub fn dedup_key(source: &str, id: &str) -> u128 {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    scoped_key(0, source, id)
+}
+
+/// The dedup key of `(source, id)` within a scope: 0 for the global scope, otherwise one per
+/// ingress source. Scope 0 is [`dedup_key`].
+pub fn scoped_key(scope: u64, source: &str, id: &str) -> u128 {
+    let mut h = xxhash_rust::xxh3::Xxh3::with_seed(scope);
     h.update(source.as_bytes());
     h.update(&[0xff]);
     h.update(id.as_bytes());
     h.digest128()
+}
+
+/// Which events share a dedup window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DedupScope {
+    /// One window per ingress source (default): the same CloudEvent entering through two
+    /// Sluice sources is forwarded by each, since their routes may differ.
+    #[default]
+    Source,
+    /// One window for the whole daemon: the same CloudEvent is forwarded once, whichever
+    /// source it entered through.
+    Global,
 }
 
 /// What a lookup found.
@@ -109,15 +136,20 @@ impl Shard {
 pub struct DedupConfig {
     pub window: Duration,
     pub capacity: usize,
+    pub scope: DedupScope,
 }
 
 pub struct Dedup {
     shards: Box<[Mutex<Shard>]>,
     window_ms: u64,
     cap_per_shard: usize,
+    scope: DedupScope,
     /// Delivered keys not yet written to the state store.
     unsaved: Mutex<VecDeque<(u128, u64)>>,
     persistent: bool,
+    /// Slots in the persisted ring, and the sequence number of the next write.
+    ring_slots: u64,
+    ring_next: Mutex<u64>,
     evictions: Counter,
 }
 
@@ -133,9 +165,20 @@ impl Dedup {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             window_ms: config.window.as_millis() as u64,
             cap_per_shard: config.capacity.div_ceil(SHARDS).max(1),
+            scope: config.scope,
             unsaved: Mutex::new(VecDeque::new()),
             persistent,
+            ring_slots: config.capacity.max(1) as u64,
+            ring_next: Mutex::new(0),
             evictions: counter!(DEDUP_EVICTIONS),
+        }
+    }
+
+    /// The key of `(source, id)` arriving through ingress source number `ingress`.
+    pub fn key(&self, ingress: usize, source: &str, id: &str) -> u128 {
+        match self.scope {
+            DedupScope::Global => dedup_key(source, id),
+            DedupScope::Source => scoped_key(ingress as u64 + 1, source, id),
         }
     }
 
@@ -218,18 +261,23 @@ impl Dedup {
         self.len() == 0
     }
 
-    /// Loads delivered keys younger than the window from `store`.
+    /// Loads delivered keys younger than the window from `store`: at most `capacity` rows.
     pub fn load(&self, store: &dyn StateStore) -> Result<usize, StateError> {
         let now = now_ms();
         let mut rows = Vec::new();
-        store.scan(DEDUP_TABLE, &mut |k, v| {
-            if let (Ok(k), Ok(v)) = (<[u8; 16]>::try_from(k), <[u8; 8]>::try_from(v)) {
-                rows.push((u128::from_be_bytes(k), u64::from_be_bytes(v)));
+        store.scan(DEDUP_TABLE, &mut |_slot, v| {
+            if v.len() == 32 {
+                let key = u128::from_be_bytes(v[..16].try_into().unwrap());
+                let at = u64::from_be_bytes(v[16..24].try_into().unwrap());
+                let seq = u64::from_be_bytes(v[24..].try_into().unwrap());
+                rows.push((seq, key, at));
             }
         })?;
-        rows.sort_by_key(|r| r.1);
+        rows.sort_unstable_by_key(|r| r.0);
+        *self.ring_next.lock().unwrap_or_else(|p| p.into_inner()) =
+            rows.last().map_or(0, |r| r.0 + 1);
         let mut loaded = 0;
-        for (key, at) in rows {
+        for (_, key, at) in rows {
             if at + self.window_ms <= now {
                 continue;
             }
@@ -250,30 +298,31 @@ impl Dedup {
         Ok(loaded)
     }
 
-    /// Writes delivered keys to `store` and deletes the expired ones. Returns keys written.
-    pub fn flush(&self, store: &dyn StateStore, purge_expired: bool) -> Result<usize, StateError> {
+    /// Writes the delivered keys not yet saved into the ring (each overwrites the slot of the
+    /// key `capacity` writes older). Returns keys written.
+    pub fn flush(&self, store: &dyn StateStore) -> Result<usize, StateError> {
         let batch = std::mem::take(&mut *self.unsaved.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut expired = Vec::new();
-        if purge_expired {
-            let now = now_ms();
-            store.scan(DEDUP_TABLE, &mut |k, v| {
-                if let Ok(v) = <[u8; 8]>::try_from(v) {
-                    if u64::from_be_bytes(v) + self.window_ms <= now {
-                        expired.push(k.to_vec());
-                    }
-                }
-            })?;
-        }
-        if batch.is_empty() && expired.is_empty() {
+        if batch.is_empty() {
             return Ok(0);
         }
-        let encoded: Vec<([u8; 16], [u8; 8])> = batch
+        let mut next = self.ring_next.lock().unwrap_or_else(|p| p.into_inner());
+        // Only the newest `ring_slots` of a large batch can survive in the ring anyway.
+        let skip = batch.len().saturating_sub(self.ring_slots as usize);
+        let encoded: Vec<([u8; 4], [u8; 32])> = batch
             .iter()
-            .map(|(k, at)| (k.to_be_bytes(), at.to_be_bytes()))
+            .skip(skip)
+            .enumerate()
+            .map(|(i, (k, at))| {
+                let seq = *next + i as u64;
+                let mut v = [0u8; 32];
+                v[..16].copy_from_slice(&k.to_be_bytes());
+                v[16..24].copy_from_slice(&at.to_be_bytes());
+                v[24..].copy_from_slice(&seq.to_be_bytes());
+                (((seq % self.ring_slots) as u32).to_be_bytes(), v)
+            })
             .collect();
         let puts: Vec<(&[u8], &[u8])> = encoded.iter().map(|(k, v)| (&k[..], &v[..])).collect();
-        let deletes: Vec<&[u8]> = expired.iter().map(Vec::as_slice).collect();
-        if let Err(e) = store.write(DEDUP_TABLE, &puts, &deletes) {
+        if let Err(e) = store.write(DEDUP_TABLE, &puts, &[]) {
             // Put the batch back so the next flush retries it, within the same bound.
             let mut unsaved = self.unsaved.lock().unwrap_or_else(|p| p.into_inner());
             let room = (self.cap_per_shard * SHARDS).saturating_sub(unsaved.len());
@@ -283,32 +332,29 @@ impl Dedup {
             }
             return Err(e);
         }
+        *next += encoded.len() as u64;
         Ok(batch.len())
     }
 
-    /// Flushes every 250 ms (purging expired keys every minute) until `shutdown`, then once more.
+    /// Flushes every 250 ms until `shutdown`, then once more.
     pub async fn persist_until(
         self: Arc<Self>,
         store: Arc<dyn StateStore>,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
-        let mut n: u64 = 0;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.cancelled() => break,
             }
-            n += 1;
             let (this, store) = (self.clone(), store.clone());
-            let res =
-                tokio::task::spawn_blocking(move || this.flush(&*store, n.is_multiple_of(240)))
-                    .await;
+            let res = tokio::task::spawn_blocking(move || this.flush(&*store)).await;
             if let Ok(Err(e)) = res {
                 tracing::warn!(error = %e, "dedup: could not save the window to state_dir; will retry");
             }
         }
-        if let Err(e) = self.flush(&*store, false) {
+        if let Err(e) = self.flush(&*store) {
             tracing::error!(error = %e, "dedup: final save of the window failed");
         }
     }
@@ -324,6 +370,7 @@ mod tests {
             DedupConfig {
                 window: Duration::from_millis(window_ms),
                 capacity,
+                scope: DedupScope::Source,
             },
             true,
         )
@@ -401,23 +448,21 @@ mod tests {
             d.check_at(k, i);
             d.forget(k, i);
         }
-        let total: usize = d.shards.iter().map(|s| s.lock().unwrap().order.len()).sum();
-        assert!(
-            total < 50_000,
-            "order queue must not keep every forgotten key: {total}"
-        );
+        assert!(d.is_empty());
+        // Every entry was forgotten: compaction keeps at most its slack (1024 + 1) per shard.
+        for (i, s) in d.shards.iter().enumerate() {
+            let stale = s.lock().unwrap().order.len();
+            assert!(
+                stale <= 1025,
+                "shard {i}: the order queue keeps {stale} forgotten keys"
+            );
+        }
     }
 
     #[test]
     fn survives_a_restart_through_the_store() {
         let store = MemoryStateStore::default();
-        let a = Dedup::new(
-            DedupConfig {
-                window: Duration::from_secs(600),
-                capacity: 1000,
-            },
-            true,
-        );
+        let a = dedup(600_000, 1000);
         let k = dedup_key("s", "1");
         let k2 = dedup_key("s", "2");
         let now = now_ms();
@@ -425,10 +470,66 @@ mod tests {
         assert_eq!(a.check_at(k2, now), Check::New);
         a.confirm(k, now);
         a.forget(k2, now);
-        assert_eq!(a.flush(&store, true).unwrap(), 1);
+        assert_eq!(a.flush(&store).unwrap(), 1);
         let b = dedup(600_000, 1000);
         assert_eq!(b.load(&store).unwrap(), 1);
         assert_eq!(b.check(k), Check::Delivered);
         assert_eq!(b.check(k2), Check::New);
+    }
+
+    fn rows(store: &MemoryStateStore) -> usize {
+        let mut n = 0;
+        store.scan(DEDUP_TABLE, &mut |_, _| n += 1).unwrap();
+        n
+    }
+
+    #[test]
+    fn the_persisted_window_is_bounded_by_capacity_and_keeps_the_newest() {
+        let store = MemoryStateStore::default();
+        let a = dedup(600_000, 100);
+        let now = now_ms();
+        let keys: Vec<u128> = (0..1000).map(|i| dedup_key("s", &i.to_string())).collect();
+        for (i, k) in keys.iter().enumerate() {
+            let at = now + i as u64;
+            assert_eq!(a.check_at(*k, at), Check::New);
+            a.confirm(*k, at);
+            if i % 64 == 0 {
+                a.flush(&store).unwrap();
+            }
+        }
+        a.flush(&store).unwrap();
+        assert_eq!(rows(&store), 100, "the table holds at most capacity rows");
+        // A restart loads the newest 100 (a second restart, appending, keeps the ring order).
+        let b = dedup(600_000, 100);
+        assert_eq!(b.load(&store).unwrap(), 100);
+        assert_eq!(b.check_at(keys[999], now + 2000), Check::Delivered);
+        assert_eq!(b.check_at(keys[900], now + 2000), Check::Delivered);
+        assert_eq!(b.check_at(keys[899], now + 2000), Check::New);
+        let k = dedup_key("s", "after-restart");
+        b.check_at(k, now + 2001);
+        b.confirm(k, now + 2001);
+        b.flush(&store).unwrap();
+        assert_eq!(rows(&store), 100);
+        let c = dedup(600_000, 100);
+        assert_eq!(c.load(&store).unwrap(), 100);
+        assert_eq!(c.check_at(k, now + 2002), Check::Delivered);
+        assert_eq!(c.check_at(keys[900], now + 2002), Check::New, "overwritten");
+    }
+
+    #[test]
+    fn scope_source_separates_ingress_sources_and_global_does_not() {
+        let by_source = dedup(1000, 100);
+        assert_ne!(by_source.key(0, "s", "1"), by_source.key(1, "s", "1"));
+        assert_eq!(by_source.key(0, "s", "1"), by_source.key(0, "s", "1"));
+        let global = Dedup::new(
+            DedupConfig {
+                window: Duration::from_secs(1),
+                capacity: 100,
+                scope: DedupScope::Global,
+            },
+            false,
+        );
+        assert_eq!(global.key(0, "s", "1"), global.key(1, "s", "1"));
+        assert_eq!(global.key(3, "s", "1"), dedup_key("s", "1"));
     }
 }

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Semaphore};
 
 pub use ack::{Delivery, Outcome, Status};
-pub use dedup::{dedup_key, Check, Dedup, DedupConfig};
+pub use dedup::{dedup_key, Check, Dedup, DedupConfig, DedupScope};
 pub use queue::{SinkInput, SinkItem, WhenFull};
 
 use crate::event::Event;
@@ -210,9 +210,14 @@ pub fn build(spec: &PipelineSpec) -> Built {
 pub struct SendOptions {
     /// Give up waiting for queue room after this long ([`Overloaded`]).
     pub timeout: Option<Duration>,
-    /// The events' ids were generated just now and cannot repeat (a fresh UUIDv7): they skip
-    /// the dedup window, which keeps its room for ids that can repeat.
-    pub fresh_ids: bool,
+    /// Skip the dedup window: the events' ids were generated just now and cannot repeat (a
+    /// fresh UUIDv7), so the window keeps its room for ids that can repeat.
+    pub skip_dedup: bool,
+    /// When the upstream lease on this unit ends (SQS visibility, Pub/Sub ack deadline): past
+    /// it the [`Pending`] resolves as [`Status::Failed`] without waiting for the sinks, since
+    /// the upstream will redeliver anyway. The deliveries go on; a redelivery that arrives
+    /// after they succeeded is answered as a duplicate.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 /// The pipeline refused to take the events within the time given (every queue they need is
@@ -277,7 +282,7 @@ impl SourceSender {
 
     async fn dispatch(&self, events: Vec<Event>, opts: SendOptions) -> Pending {
         let n = events.len();
-        let dedup = if opts.fresh_ids {
+        let dedup = if opts.skip_dedup {
             None
         } else {
             self.pipeline.dedup.as_ref()
@@ -291,7 +296,10 @@ impl SourceSender {
                 .await;
         }
         guard.finish();
-        Pending { rx }
+        Pending {
+            rx,
+            deadline: opts.deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+        }
     }
 
     async fn route_one(
@@ -303,31 +311,8 @@ impl SourceSender {
         event: Event,
     ) {
         let p = &*self.pipeline;
-        if let Some(dedup) = dedup {
-            let key = dedup_key(&event.source, &event.id);
-            let now = dedup::now_ms();
-            match dedup.check_at(key, now) {
-                Check::New => guard.unit.set_key(idx, key, now),
-                Check::Delivered => {
-                    self.telemetry.deduplicated.increment(1);
-                    guard.unit.settle(idx, Status::Delivered, None, true);
-                    return;
-                }
-                Check::InFlight => {
-                    self.telemetry.deduplicated.increment(1);
-                    guard.unit.settle(
-                        idx,
-                        Status::Failed,
-                        Some(format!(
-                            "event {:?} from {:?} is still being delivered; retry later",
-                            event.id, event.source
-                        )),
-                        true,
-                    );
-                    return;
-                }
-            }
-        }
+        // Route first: an unrouted event records nothing in the dedup window, so a later copy
+        // that a route takes is not mistaken for an already delivered one.
         let routes = &p.routes[self.source];
         let list: &[usize] = match &routes.static_targets {
             Some(t) => t,
@@ -343,25 +328,56 @@ impl SourceSender {
                 targets
             }
         };
-        guard.begin_event(idx);
-        match list.split_last() {
-            None => {
-                self.telemetry.unrouted.increment(1);
-                if p.unrouted == Unrouted::Reject {
+        if list.is_empty() {
+            self.telemetry.unrouted.increment(1);
+            if p.unrouted == Unrouted::Reject {
+                guard.unit.settle(
+                    idx,
+                    Status::Rejected,
+                    Some("no route takes this event".into()),
+                    false,
+                );
+            }
+            return;
+        }
+        if let Some(dedup) = dedup {
+            let key = dedup.key(self.source, &event.source, &event.id);
+            let now = dedup::now_ms();
+            match dedup.check_at(key, now) {
+                Check::New => guard.unit.set_key(idx, key, now),
+                Check::Delivered => {
+                    self.telemetry.deduplicated.increment(1);
+                    guard.unit.settle(idx, Status::Delivered, None, true);
+                    return;
+                }
+                // A repeat inside this unit (a batch carrying one id twice): the first copy's
+                // outcome is this unit's outcome too, so the repeat is a plain duplicate.
+                Check::InFlight if guard.unit.recorded(key) => {
+                    self.telemetry.deduplicated.increment(1);
+                    guard.unit.settle(idx, Status::Delivered, None, true);
+                    return;
+                }
+                Check::InFlight => {
+                    self.telemetry.deduplicated.increment(1);
                     guard.unit.settle(
                         idx,
-                        Status::Rejected,
-                        Some("no route takes this event".into()),
-                        false,
+                        Status::InFlight,
+                        Some(format!(
+                            "event {:?} from {:?} is still being delivered; retry later",
+                            event.id, event.source
+                        )),
+                        true,
                     );
+                    return;
                 }
             }
-            Some((&last, rest)) => {
-                for &sink in rest {
-                    p.sinks[sink].push(event.clone(), &guard.unit, idx).await;
-                }
-                p.sinks[last].push(event, &guard.unit, idx).await;
+        }
+        guard.begin_event(idx);
+        if let Some((&last, rest)) = list.split_last() {
+            for &sink in rest {
+                p.sinks[sink].push(event.clone(), &guard.unit, idx).await;
             }
+            p.sinks[last].push(event, &guard.unit, idx).await;
         }
         guard.end_event();
     }
@@ -375,19 +391,33 @@ impl SourceSender {
 /// Resolves to the [`Outcome`] of one inbound unit.
 pub struct Pending {
     rx: oneshot::Receiver<Outcome>,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Future for Pending {
     type Output = Outcome;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
-        Pin::new(&mut self.rx).poll(cx).map(|r| {
-            r.unwrap_or_else(|_| Outcome {
+        if let Poll::Ready(r) = Pin::new(&mut self.rx).poll(cx) {
+            return Poll::Ready(r.unwrap_or_else(|_| Outcome {
                 status: Status::Failed,
                 reason: Some("the pipeline stopped before the events were settled".into()),
                 events: 0,
                 duplicates: 0,
-            })
-        })
+            }));
+        }
+        let lapsed = match self.deadline.as_mut() {
+            Some(d) => d.as_mut().poll(cx).is_ready(),
+            None => false,
+        };
+        match lapsed {
+            true => Poll::Ready(Outcome {
+                status: Status::Failed,
+                reason: Some("the upstream lease ended before the sinks settled the events".into()),
+                events: 0,
+                duplicates: 0,
+            }),
+            false => Poll::Pending,
+        }
     }
 }
 
@@ -412,6 +442,7 @@ mod tests {
             dedup: Some(DedupConfig {
                 window: Duration::from_secs(60),
                 capacity: 1000,
+                scope: DedupScope::Source,
             }),
             dedup_persistent: false,
             memory_budget: 1 << 30,
@@ -616,7 +647,7 @@ mod tests {
         // Still in flight: the duplicate is refused for now, not forwarded.
         let p2 = s.send(vec![ev("1")]).await;
         let out2 = p2.await;
-        assert_eq!((out2.status, out2.duplicates), (Status::Failed, 1));
+        assert_eq!((out2.status, out2.duplicates), (Status::InFlight, 1));
         b.inputs[0].recv().await.unwrap().delivery.delivered();
         assert!(p1.await.is_delivered());
         let out3 = s.send(vec![ev("1")]).await.await;
@@ -625,10 +656,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn fresh_ids_skip_the_dedup_window() {
+    async fn skip_dedup_skips_the_dedup_window() {
         let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
         let fresh = SendOptions {
-            fresh_ids: true,
+            skip_dedup: true,
             ..SendOptions::default()
         };
         let p = b.senders[0]
@@ -776,14 +807,172 @@ mod tests {
                 .with_json(bytes::Bytes::from(vec![b'1'; 3000]))
         };
         sp.memory_budget = 8000;
-        let b = build(&sp);
-        let _p1 = b.senders[0].send(vec![big()]).await;
-        let _p2 = b.senders[1].send(vec![big()]).await;
+        let mut b = build(&sp);
+        let p1 = b.senders[0].send(vec![big()]).await;
+        let p2 = b.senders[1].send(vec![big()]).await;
         // Two ~3 KB events fit in 8 KB; a third, in either queue, must wait.
         assert!(b.senders[1]
             .send_timeout(vec![big()], Duration::from_millis(50))
             .await
             .is_err());
-        drop(b.inputs);
+        let third = b.senders[1].send(vec![big()]);
+        let mut third = Box::pin(third);
+        for _ in 0..10 {
+            assert!(futures_util::poll!(third.as_mut()).is_pending());
+            tokio::task::yield_now().await;
+        }
+        // Delivering the event in the *other* queue frees budget: the waiting send goes on.
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        assert!(p1.await.is_delivered());
+        let p3 = tokio::time::timeout(Duration::from_secs(5), third)
+            .await
+            .expect("freeing budget unblocks the waiting send");
+        b.inputs[1].recv().await.unwrap().delivery.delivered();
+        b.inputs[1].recv().await.unwrap().delivery.delivered();
+        assert!(p2.await.is_delivered());
+        assert!(p3.await.is_delivered());
+    }
+
+    fn two_sources(scope: DedupScope, routes: Vec<RouteSpec>) -> Built {
+        let mut sp = spec(
+            &[("a", 10, WhenFull::Block), ("b", 10, WhenFull::Block)],
+            routes,
+        );
+        sp.sources = vec!["x".into(), "y".into()];
+        sp.dedup.as_mut().unwrap().scope = scope;
+        build(&sp)
+    }
+
+    fn route(from: usize, to: usize) -> RouteSpec {
+        RouteSpec {
+            from: vec![from],
+            to: vec![to],
+            matches: vec![],
+        }
+    }
+
+    #[tokio::test]
+    async fn the_same_event_through_two_sources_reaches_each_sources_sinks() {
+        let mut b = two_sources(DedupScope::Source, vec![route(0, 0), route(1, 1)]);
+        let px = b.senders[0].send(vec![ev("1")]).await;
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        assert!(px.await.is_delivered());
+        // Same (source, id) through the other ingress source, whose route goes elsewhere.
+        let py = b.senders[1].send(vec![ev("1")]).await;
+        let item = tokio::time::timeout(Duration::from_secs(1), b.inputs[1].recv())
+            .await
+            .expect("sink b must see the event: it never got it")
+            .unwrap();
+        item.delivery.delivered();
+        let out = py.await;
+        assert_eq!((out.status, out.duplicates), (Status::Delivered, 0));
+    }
+
+    #[tokio::test]
+    async fn global_scope_forwards_the_same_event_once() {
+        let mut b = two_sources(DedupScope::Global, vec![route(0, 0), route(1, 0)]);
+        let px = b.senders[0].send(vec![ev("1")]).await;
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        assert!(px.await.is_delivered());
+        let out = b.senders[1].send(vec![ev("1")]).await.await;
+        assert_eq!((out.status, out.duplicates), (Status::Delivered, 1));
+        assert!(b.inputs[0].try_recv().is_none());
+    }
+
+    #[tokio::test]
+    async fn an_unrouted_copy_does_not_make_a_routed_copy_look_delivered() {
+        // Source x has no route; y routes to a. One window for both.
+        let mut b = two_sources(DedupScope::Global, vec![route(1, 0)]);
+        let out = b.senders[0].send(vec![ev("1")]).await.await;
+        assert!(out.is_delivered(), "unrouted: ack");
+        let py = b.senders[1].send(vec![ev("1")]).await;
+        let item = tokio::time::timeout(Duration::from_secs(1), b.inputs[0].recv())
+            .await
+            .expect("the routed copy must be forwarded")
+            .unwrap();
+        item.delivery.delivered();
+        let out = py.await;
+        assert_eq!((out.status, out.duplicates), (Status::Delivered, 0));
+    }
+
+    #[tokio::test]
+    async fn a_batch_with_one_id_twice_delivers_once_and_counts_a_duplicate() {
+        let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
+        let p = b.senders[0].send(vec![ev("1"), ev("2"), ev("1")]).await;
+        let first = b.inputs[0].recv().await.unwrap();
+        let second = b.inputs[0].recv().await.unwrap();
+        assert_eq!(
+            (first.event.id.as_str(), second.event.id.as_str()),
+            ("1", "2")
+        );
+        assert!(
+            b.inputs[0].try_recv().is_none(),
+            "the repeat is not forwarded"
+        );
+        first.delivery.delivered();
+        second.delivery.delivered();
+        let out = p.await;
+        assert_eq!(
+            (out.status, out.events, out.duplicates),
+            (Status::Delivered, 3, 1)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_whose_repeated_event_fails_fails() {
+        let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
+        let p = b.senders[0].send(vec![ev("1"), ev("1")]).await;
+        b.inputs[0].recv().await.unwrap().delivery.failed("down");
+        assert_eq!(p.await.status, Status::Failed);
+    }
+
+    #[tokio::test]
+    async fn dead_lettering_works_when_reported_off_the_runtime() {
+        let mut b = with_dead_letter();
+        let pending = b.senders[0].send(vec![ev("1")]).await;
+        let a = b.inputs[0].recv().await.unwrap();
+        // A client library's callback thread: no tokio runtime there.
+        std::thread::spawn(move || {
+            assert!(tokio::runtime::Handle::try_current().is_err());
+            a.delivery.failed("broker said no");
+        })
+        .join()
+        .unwrap();
+        let dl = tokio::time::timeout(Duration::from_secs(2), b.inputs[1].recv())
+            .await
+            .expect("the event reaches the dead-letter sink")
+            .unwrap();
+        assert_eq!(dl.event.id, "1");
+        dl.delivery.delivered();
+        assert!(pending.await.is_delivered());
+    }
+
+    #[tokio::test]
+    async fn a_deadline_abandons_the_wait_but_not_the_delivery() {
+        let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
+        let opts = SendOptions {
+            deadline: Some(tokio::time::Instant::now() + Duration::from_millis(100)),
+            ..SendOptions::default()
+        };
+        let p = b.senders[0].send_with(vec![ev("1")], opts).await.unwrap();
+        let item = b.inputs[0].recv().await.unwrap();
+        let out = p.await;
+        assert_eq!(out.status, Status::Failed);
+        assert!(out.reason.unwrap().contains("lease"));
+        // The delivery goes on: once it succeeds, the upstream's redelivery is a duplicate.
+        item.delivery.delivered();
+        let again = b.senders[0].send(vec![ev("1")]).await.await;
+        assert_eq!((again.status, again.duplicates), (Status::Delivered, 1));
+    }
+
+    #[tokio::test]
+    async fn a_sink_that_stops_fails_its_queued_events_at_once() {
+        let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
+        let p = b.senders[0].send(vec![ev("1")]).await;
+        drop(b.inputs.remove(0));
+        let out = tokio::time::timeout(Duration::from_secs(1), p)
+            .await
+            .expect("settled when the sink's input is dropped, not at shutdown");
+        assert_eq!(out.status, Status::Failed);
     }
 }

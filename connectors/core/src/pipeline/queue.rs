@@ -40,6 +40,9 @@ pub(crate) struct DeadLetter {
     /// open until the failing sink has reported its last event.
     pub(crate) target: SinkQueue,
     pub(crate) counter: metrics::Counter,
+    /// The runtime the pipeline was built on, for failures reported off the runtime (a client
+    /// library's callback thread).
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
 }
 
 pub(crate) struct SinkQueue {
@@ -57,6 +60,29 @@ pub(crate) struct SinkQueue {
 pub struct SinkInput {
     rx: mpsc::Receiver<SinkItem>,
     shared: Arc<SinkShared>,
+}
+
+impl Drop for SinkInput {
+    /// A sink that stops (or dies) fails what is left in its queue at once, including an event
+    /// a source is putting in at this very moment (its slot was reserved before the close):
+    /// closing refuses new events, and the remaining items are received and dropped (a dropped
+    /// delivery reports failed), waiting for the reserved slots on the runtime if any are out.
+    fn drop(&mut self) {
+        self.rx.close();
+        loop {
+            match self.rx.try_recv() {
+                Ok(item) => drop(item),
+                Err(mpsc::error::TryRecvError::Disconnected) => return,
+                Err(mpsc::error::TryRecvError::Empty) => break,
+            }
+        }
+        // Empty but not disconnected: senders exist, and one may hold a reserved slot.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (_, dummy) = mpsc::channel(1);
+            let mut rx = std::mem::replace(&mut self.rx, dummy);
+            rt.spawn(async move { while rx.recv().await.is_some() {} });
+        }
+    }
 }
 
 pub(crate) fn sink_queue(
@@ -108,6 +134,7 @@ impl SinkQueue {
                 "sink" => self.shared.name.to_string(),
                 "dead_letter" => target.shared.name.to_string()
             ),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         }));
     }
 
@@ -297,5 +324,35 @@ impl QueueGauges {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The race a sink dying mid-send used to lose: a source reserved a slot, the sink's input
+    /// was dropped, then the source sent into the slot. The event must still settle promptly.
+    #[tokio::test]
+    async fn an_event_sent_into_a_slot_reserved_before_the_sink_stopped_settles() {
+        let budget = Arc::new(Semaphore::new(1 << 20));
+        let (q, input) = sink_queue("race", 4, 1 << 20, WhenFull::Block, budget.clone(), 1 << 20);
+        let slot = q.tx.reserve().await.unwrap();
+        drop(input);
+        let (unit, rx) = Unit::new(1, None);
+        let p1 = q.bytes.clone().try_acquire_many_owned(10).unwrap();
+        let p2 = budget.try_acquire_many_owned(10).unwrap();
+        let delivery = Delivery::new(unit.clone(), 0, q.shared.clone(), (p1, p2), None);
+        slot.send(SinkItem {
+            event: Event::new("1", "/s", "t"),
+            delivery,
+        });
+        super::super::ack::tests_support::end_routing(&unit);
+        let out = tokio::time::timeout(std::time::Duration::from_secs(1), rx)
+            .await
+            .expect("settled at once, not when the last sender goes")
+            .unwrap();
+        assert_eq!(out.status, Status::Failed);
+        drop(q);
     }
 }
