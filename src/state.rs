@@ -90,10 +90,29 @@ mod tests {
         s.write("t", &[(b"k", b"v"), (b"k2", b"v2")], &[]).unwrap();
         s.write("t", &[], &[b"k2"]).unwrap();
         assert_eq!(s.get("t", b"k").unwrap().as_deref(), Some(&b"v"[..]));
-        let mut n = 0;
-        s.scan("t", &mut |_, _| n += 1).unwrap();
-        assert_eq!(n, 1);
+        assert_eq!(s.get("t", b"k2").unwrap(), None, "deleted");
+        let mut rows = Vec::new();
+        s.scan("t", &mut |k, v| rows.push((k.to_vec(), v.to_vec())))
+            .unwrap();
+        assert_eq!(rows, [(b"k".to_vec(), b"v".to_vec())]);
+        // A second store on the same directory while the first is open: refused, clearly.
+        let err = RedbStore::open(dir.path())
+            .err()
+            .expect("a second open of a state_dir in use must fail");
+        assert_eq!(
+            err,
+            format!(
+                "state_dir {}: already in use by another sluice process; give each instance its own state_dir",
+                dir.path().display()
+            )
+        );
+        assert_eq!(
+            s.get("t", b"k").unwrap().as_deref(),
+            Some(&b"v"[..]),
+            "the first store still works"
+        );
         drop(s);
+        // Once the first is gone, the directory opens again, with the data.
         let again = RedbStore::open(dir.path()).unwrap();
         assert_eq!(again.get("t", b"k").unwrap().as_deref(), Some(&b"v"[..]));
     }
