@@ -215,6 +215,33 @@ async fn retried_produce_requests_leave_no_duplicates() {
     assert!(got
         .windows(2)
         .all(|w| w[1].offset == w[0].offset + 1 && w[0].partition == 0));
+    // The injected errors were hit, by the sink's produce requests: the mock hands out one per
+    // Produce request, and none is left. A probe that does not retry would get any left over.
+    assert_eq!(
+        produce_once_without_retries(&c.bootstrap_servers(), "idem").await,
+        Ok(()),
+        "an injected produce error was still pending: the sink's requests never hit it"
+    );
+}
+
+/// One record produced with no retries and no idempotence: the broker's first answer.
+async fn produce_once_without_retries(bootstrap: &str, topic: &str) -> Result<(), String> {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let probe: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "false")
+        .set("acks", "all")
+        .set("message.send.max.retries", "0")
+        .create()
+        .unwrap();
+    probe
+        .send(
+            FutureRecord::to(topic).key("probe").payload("probe"),
+            Duration::from_secs(10),
+        )
+        .await
+        .map(drop)
+        .map_err(|(e, _)| e.to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -349,12 +376,16 @@ async fn a_record_larger_than_the_local_queue_fails_and_the_sink_goes_on() {
     let big = Event::new("big", "/orders", "com.example.order")
         .with_json(Bytes::from(format!("\"{}\"", "x".repeat(4096))));
     let t0 = Instant::now();
-    let out = rig.send(vec![big]).await;
+    // The bug this guards is a sink that waits forever; ~1 s is expected, 15 s is a bound a
+    // loaded machine still meets.
+    let out = tokio::time::timeout(Duration::from_secs(30), rig.send(vec![big]))
+        .await
+        .expect("the record that can never fit blocked the sink");
     assert_eq!(out.status, Status::Failed, "{out:?}");
     assert!(out
         .reason
         .unwrap()
         .contains("Kafka did not take the record"));
-    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
     assert!(rig.send(vec![event("small-1")]).await.is_delivered());
 }
