@@ -13,14 +13,14 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use indexmap::IndexMap;
 use serde::Deserialize;
 use sluice_core::http_binding::{self, Mode};
-use sluice_core::units::{ByteSize, Duration};
+use sluice_core::pipeline::{SinkWindow, Step};
+use sluice_core::units::{ByteSize, HumanDuration};
 use sluice_core::{
     BoxFuture, ConnectorError, Event, Running, SinkConfig, SinkContext, SinkInput, SinkItem,
 };
@@ -43,7 +43,7 @@ pub struct BatchConfig {
     /// queued when a request slot is free, so batches grow by themselves while requests are in
     /// flight and a lone event never waits.
     #[serde(default = "default_linger")]
-    pub linger: Duration,
+    pub linger: HumanDuration,
 }
 
 impl Default for BatchConfig {
@@ -62,8 +62,8 @@ fn default_batch_events() -> usize {
 fn default_batch_bytes() -> ByteSize {
     ByteSize(1 << 20)
 }
-fn default_linger() -> Duration {
-    Duration::from_millis(0)
+fn default_linger() -> HumanDuration {
+    HumanDuration::from_millis(0)
 }
 
 /// `kind: http` options.
@@ -84,7 +84,7 @@ pub struct HttpSinkConfig {
     pub headers: IndexMap<String, String>,
     /// Per attempt: connecting, sending and reading the answer. Default 10s.
     #[serde(default = "default_timeout")]
-    pub timeout: Duration,
+    pub timeout: HumanDuration,
     /// Statuses that mean delivered. Default: any 2xx. A 5xx never counts unless listed.
     pub success_codes: Option<Vec<u16>>,
     #[serde(default)]
@@ -102,8 +102,8 @@ pub struct HttpSinkConfig {
 fn default_method() -> String {
     "POST".into()
 }
-fn default_timeout() -> Duration {
-    Duration::from_secs(10)
+fn default_timeout() -> HumanDuration {
+    HumanDuration::from_secs(10)
 }
 fn default_concurrency() -> usize {
     64
@@ -220,7 +220,7 @@ impl SinkConfig for HttpSinkConfig {
             let running: Running = Box::pin(run(
                 target,
                 ctx.input,
-                ctx.shutdown,
+                ctx.grace_over,
                 self.concurrency,
                 self.batch,
             ));
@@ -315,7 +315,7 @@ impl Feed {
 async fn run(
     target: Arc<Target>,
     input: SinkInput,
-    shutdown: CancellationToken,
+    grace_over: CancellationToken,
     concurrency: usize,
     batch: BatchConfig,
 ) -> Result<(), ConnectorError> {
@@ -325,27 +325,32 @@ async fn run(
         deadline: None,
         closed: false,
     };
-    let mut in_flight = FuturesUnordered::new();
+    let mut in_flight = SinkWindow::new(concurrency);
     loop {
         if feed.closed && feed.buf.is_empty() && in_flight.is_empty() {
             return Ok(());
         }
-        let room = concurrency - in_flight.len();
-        tokio::select! {
-            biased;
+        let open = !(feed.closed && feed.buf.is_empty());
+        let (feed, batch, mode) = (&mut feed, &batch, target.mode);
+        let step = in_flight
+            .step(&grace_over, open, |room| async move {
+                if mode == Mode::Batched {
+                    feed.batch(batch).await.map(|b| vec![b])
+                } else {
+                    feed.singles(room)
+                        .await
+                        .map(|v| v.into_iter().map(|i| vec![i]).collect())
+                }
+            })
+            .await;
+        match step {
             // Grace is over: what is in flight is dropped, and each dropped delivery counts as
             // failed.
-            _ = shutdown.cancelled() => return Ok(()),
-            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
-            work = async {
-                if target.mode == Mode::Batched {
-                    feed.batch(&batch).await.map(|b| vec![b])
-                } else {
-                    feed.singles(room).await.map(|v| v.into_iter().map(|i| vec![i]).collect())
-                }
-            }, if room > 0 && !(feed.closed && feed.buf.is_empty()) => {
+            Step::GraceOver => return Ok(()),
+            Step::Settled | Step::Idle => {}
+            Step::Input(work) => {
                 for items in work.into_iter().flatten() {
-                    in_flight.push(deliver(target.clone(), items, shutdown.clone()));
+                    in_flight.push(deliver(target.clone(), items, grace_over.clone()));
                 }
             }
         }

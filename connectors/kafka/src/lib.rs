@@ -4,7 +4,6 @@
 use std::time::Duration as StdDuration;
 
 use bytes::Bytes;
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use indexmap::IndexMap;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -12,8 +11,9 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use serde::Deserialize;
 use sluice_core::kafka_binding;
+use sluice_core::pipeline::{SinkWindow, Step};
 use sluice_core::template::Template;
-use sluice_core::units::Duration;
+use sluice_core::units::HumanDuration;
 use sluice_core::{
     format, BoxFuture, ConnectorError, Delivery, Event, Running, SinkConfig, SinkContext, SinkItem,
 };
@@ -94,7 +94,7 @@ pub struct KafkaConfig {
     /// How long librdkafka keeps trying one record (`message.timeout.ms`) before it reports it
     /// failed. Default 30s.
     #[serde(default = "default_message_timeout")]
-    pub message_timeout: Duration,
+    pub message_timeout: HumanDuration,
     /// Any librdkafka producer property, passed through (`linger.ms`, `security.protocol`,
     /// `sasl.*`, ...). `enable.idempotence` and `acks` cannot be weakened.
     #[serde(default)]
@@ -104,8 +104,8 @@ pub struct KafkaConfig {
 fn default_in_flight() -> usize {
     10_000
 }
-fn default_message_timeout() -> Duration {
-    Duration::from_secs(30)
+fn default_message_timeout() -> HumanDuration {
+    HumanDuration::from_secs(30)
 }
 
 /// Kafka topic names: at most 249 of `[a-zA-Z0-9._-]`.
@@ -266,7 +266,8 @@ struct Record {
     payload: Option<Bytes>,
 }
 
-type Pending = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+/// One record awaiting its delivery report (it settles its event itself).
+type AwaitingReport = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 impl KafkaSink {
     fn encode(&self, e: &Event) -> Result<Record, String> {
@@ -317,7 +318,7 @@ impl KafkaSink {
     async fn enqueue(
         &self,
         record: &Record,
-        in_flight: &mut FuturesUnordered<Pending>,
+        in_flight: &mut SinkWindow<AwaitingReport>,
     ) -> Result<DeliveryFuture, KafkaError> {
         let mut idle_waits = 0u32;
         loop {
@@ -334,7 +335,7 @@ impl KafkaSink {
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
                     if !in_flight.is_empty() =>
                 {
-                    in_flight.next().await;
+                    in_flight.settle_one().await;
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
                     if idle_waits < 100 =>
@@ -349,21 +350,25 @@ impl KafkaSink {
 
     async fn run(self, mut ctx: SinkContext) -> Result<(), ConnectorError> {
         let mut batch: Vec<SinkItem> = Vec::with_capacity(256.min(self.window));
-        let mut in_flight: FuturesUnordered<Pending> = FuturesUnordered::new();
+        let mut in_flight: SinkWindow<AwaitingReport> = SinkWindow::new(self.window);
         loop {
-            let room = (self.window - in_flight.len()).min(256);
-            tokio::select! {
-                biased;
+            let input = &mut ctx.input;
+            let step = in_flight
+                .step(&ctx.grace_over, true, |room| {
+                    input.recv_many(&mut batch, room.min(256))
+                })
+                .await;
+            match step {
                 // Grace over: what waits for a report is dropped, each counted as failed.
-                _ = ctx.shutdown.cancelled() => break,
-                Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
-                n = ctx.input.recv_many(&mut batch, room), if room > 0 => {
-                    if n == 0 {
-                        // Input done: wait for every outstanding report (each bounded by
-                        // message_timeout).
-                        while in_flight.next().await.is_some() {}
-                        break;
-                    }
+                Step::GraceOver => break,
+                Step::Settled | Step::Idle => {}
+                Step::Input(0) => {
+                    // Input done: wait for every outstanding report (each bounded by
+                    // message_timeout).
+                    in_flight.drain().await;
+                    break;
+                }
+                Step::Input(_) => {
                     for SinkItem { event, delivery } in batch.drain(..) {
                         let record = match self.encode(&event) {
                             Ok(r) => r,

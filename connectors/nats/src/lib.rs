@@ -9,12 +9,11 @@ use std::time::Duration as StdDuration;
 use async_nats::jetstream::{self, stream};
 use async_nats::{HeaderMap, HeaderName};
 use bytes::Bytes;
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::Deserialize;
 use sluice_core::event::{Event, Timestamp};
 use sluice_core::http_binding::percent_encode_value;
-use sluice_core::pipeline::dedup_key;
-use sluice_core::units::Duration;
+use sluice_core::pipeline::{SinkWindow, Step};
+use sluice_core::units::HumanDuration;
 use sluice_core::{
     format, BoxFuture, ConnectorError, Delivery, Running, SinkConfig, SinkContext, SinkItem,
 };
@@ -71,7 +70,7 @@ pub struct CreateStream {
     pub replicas: usize,
     /// The window in which JetStream drops a repeated `Nats-Msg-Id`. Default 10m.
     #[serde(default = "ten_minutes")]
-    pub duplicate_window: Duration,
+    pub duplicate_window: HumanDuration,
     #[serde(default)]
     pub retention: Retention,
 }
@@ -79,8 +78,8 @@ pub struct CreateStream {
 fn one() -> usize {
     1
 }
-fn ten_minutes() -> Duration {
-    Duration::from_secs(600)
+fn ten_minutes() -> HumanDuration {
+    HumanDuration::from_secs(600)
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -144,7 +143,7 @@ pub struct NatsConfig {
     pub max_in_flight: usize,
     /// How long a publish may wait for its PubAck. Default 10s.
     #[serde(default = "default_ack_timeout")]
-    pub ack_timeout: Duration,
+    pub ack_timeout: HumanDuration,
     pub auth: Option<AuthConfig>,
     pub tls: Option<TlsConfig>,
 }
@@ -158,8 +157,8 @@ fn default_subject() -> String {
 fn default_window() -> usize {
     256
 }
-fn default_ack_timeout() -> Duration {
-    Duration::from_secs(10)
+fn default_ack_timeout() -> HumanDuration {
+    HumanDuration::from_secs(10)
 }
 
 impl NatsConfig {
@@ -173,7 +172,7 @@ impl NatsConfig {
                         subjects: vec!["default.*.*".into()],
                         storage: Storage::File,
                         replicas: 1,
-                        duplicate_window: Duration::from_secs(300),
+                        duplicate_window: HumanDuration::from_secs(300),
                         retention: Retention::Limits,
                     }),
                 });
@@ -403,7 +402,7 @@ struct NatsSink {
 /// The `Nats-Msg-Id` of an event: its dedup key, so repeats within the stream's duplicate window
 /// are dropped by JetStream itself, across our restarts and replicas.
 pub fn msg_id(e: &Event) -> String {
-    hex::encode(dedup_key(&e.source, &e.id).to_be_bytes())
+    hex::encode(e.key().to_be_bytes())
 }
 
 impl NatsSink {
@@ -471,23 +470,23 @@ impl NatsSink {
         js: jetstream::Context,
         mut ctx: SinkContext,
     ) -> Result<(), ConnectorError> {
-        type Acking = std::pin::Pin<
-            Box<dyn std::future::Future<Output = (Delivery, Result<(), String>)> + Send>,
-        >;
+        type Acking = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
         let mut batch: Vec<SinkItem> = Vec::with_capacity(self.window);
         // Acks are independent: settle each as it arrives, so one slow PubAck holds no others.
-        let mut in_flight: FuturesUnordered<Acking> = FuturesUnordered::new();
+        let mut in_flight: SinkWindow<Acking> = SinkWindow::new(self.window);
         loop {
-            let room = self.window - in_flight.len();
-            tokio::select! {
-                biased;
+            let input = &mut ctx.input;
+            let step = in_flight
+                .step(&ctx.grace_over, true, |room| {
+                    input.recv_many(&mut batch, room)
+                })
+                .await;
+            match step {
                 // Grace over: stop taking events (those queued are reported failed on drop).
-                _ = ctx.shutdown.cancelled() => break,
-                Some((delivery, result)) = in_flight.next(), if !in_flight.is_empty() => settle(delivery, result),
-                n = ctx.input.recv_many(&mut batch, room), if room > 0 => {
-                    if n == 0 {
-                        break;
-                    }
+                Step::GraceOver => break,
+                Step::Settled | Step::Idle => {}
+                Step::Input(0) => break,
+                Step::Input(_) => {
                     for SinkItem { event, delivery } in batch.drain(..) {
                         let subject = self.subject(&event);
                         let (headers, payload) = self.encode(&event);
@@ -496,10 +495,11 @@ impl NatsSink {
                                 // The PubAck wait is bounded by the context's timeout, which
                                 // build() set to ack_timeout: no second timer here.
                                 in_flight.push(Box::pin(async move {
-                                    let r = ack.await.map(drop).map_err(|e| {
-                                        format!("JetStream did not acknowledge: {e}")
-                                    });
-                                    (delivery, r)
+                                    let r = ack
+                                        .await
+                                        .map(drop)
+                                        .map_err(|e| format!("JetStream did not acknowledge: {e}"));
+                                    settle(delivery, r)
                                 }));
                             }
                             Err(e) => delivery.failed(format!("publish failed: {e}")),
@@ -509,9 +509,7 @@ impl NatsSink {
             }
         }
         // Drain: the outstanding PubAcks, each bounded by ack_timeout.
-        while let Some((delivery, result)) = in_flight.next().await {
-            settle(delivery, result);
-        }
+        in_flight.drain().await;
         tracing::debug!(sink = %self.name, "nats: stopped");
         Ok(())
     }
@@ -527,7 +525,7 @@ impl NatsSink {
         loop {
             let n = tokio::select! {
                 n = ctx.input.recv_many(&mut batch, self.window) => n,
-                _ = ctx.shutdown.cancelled() => 0,
+                _ = ctx.grace_over.cancelled() => 0,
             };
             if n == 0 {
                 return Ok(());
