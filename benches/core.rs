@@ -7,7 +7,7 @@ use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use http::HeaderMap;
 use sluice_core::event::{Event, Timestamp};
-use sluice_core::pipeline::{dedup_key, Dedup, DedupConfig};
+use sluice_core::pipeline::wiring::{dedup_key, Dedup, DedupConfig, DedupScope};
 use sluice_core::{format, http_binding};
 
 fn sample() -> Event {
@@ -101,7 +101,7 @@ fn dedup(c: &mut Criterion) {
     let cfg = DedupConfig {
         window: Duration::from_secs(600),
         capacity: 100_000,
-        scope: sluice_core::pipeline::DedupScope::Source,
+        scope: DedupScope::Source,
     };
     // Insert of new keys into a full window (the steady state under load: insert + evict).
     g.bench_function("insert_new_full_100k", |b| {

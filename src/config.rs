@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use indexmap::IndexMap;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use sluice_core::pipeline::{Attr, DedupScope, Match, RouteSpec, Unrouted, WhenFull};
-use sluice_core::units::{ByteSize, Duration};
+use sluice_core::pipeline::wiring::{Attr, DedupScope, Match, RouteSpec, Unrouted};
+use sluice_core::pipeline::WhenFull;
+use sluice_core::units::{ByteSize, HumanDuration};
 use yaml_serde::Value;
 
 use crate::registry::{self, DynSink, DynSource, Role};
@@ -76,7 +77,7 @@ pub struct AdminConfig {
     /// 503, so a supervisor (Kubernetes liveness, systemd watchdog scripts) restarts the process.
     /// Default 30s.
     #[serde(default = "default_liveness_grace")]
-    pub liveness_grace: Duration,
+    pub liveness_grace: HumanDuration,
 }
 
 impl Default for AdminConfig {
@@ -89,8 +90,8 @@ impl Default for AdminConfig {
     }
 }
 
-fn default_liveness_grace() -> Duration {
-    Duration::from_secs(30)
+fn default_liveness_grace() -> HumanDuration {
+    HumanDuration::from_secs(30)
 }
 
 fn default_admin_listen() -> SocketAddr {
@@ -116,7 +117,7 @@ pub struct PipelineConfig {
     pub memory_budget: ByteSize,
     /// How long a (source, id) pair is remembered. `0s` turns dedup off. Default 10m.
     #[serde(default = "default_dedup_window")]
-    pub dedup_window: Duration,
+    pub dedup_window: HumanDuration,
     /// At most this many remembered pairs (about 100 bytes each); the oldest go first.
     /// Default 100000.
     #[serde(default = "default_dedup_capacity")]
@@ -161,8 +162,8 @@ fn default_queue_bytes() -> ByteSize {
 fn default_memory_budget() -> ByteSize {
     ByteSize::mib(256)
 }
-fn default_dedup_window() -> Duration {
-    Duration::from_secs(600)
+fn default_dedup_window() -> HumanDuration {
+    HumanDuration::from_secs(600)
 }
 fn default_dedup_capacity() -> usize {
     100_000
@@ -624,8 +625,8 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         .and_then(|v| cx.de::<PathBuf>(v, &[seg("state_dir")]));
     let shutdown_grace = top
         .shutdown_grace
-        .and_then(|v| cx.de::<Duration>(v, &[seg("shutdown_grace")]))
-        .map_or(std::time::Duration::from_secs(30), Duration::get);
+        .and_then(|v| cx.de::<HumanDuration>(v, &[seg("shutdown_grace")]))
+        .map_or(std::time::Duration::from_secs(30), HumanDuration::get);
 
     let kinds = registry::kinds();
     let mut sources = Vec::new();

@@ -52,7 +52,7 @@ pub async fn run_log<W: tokio::io::AsyncWrite + Unpin>(
         };
         let result = tokio::select! {
             r = written => r,
-            _ = ctx.shutdown.cancelled() => Err(std::io::Error::other("shutdown grace period over")),
+            _ = ctx.grace_over.cancelled() => Err(std::io::Error::other("shutdown grace period over")),
         };
         match result {
             Ok(()) => items.drain(..).for_each(|i| i.delivery.delivered()),

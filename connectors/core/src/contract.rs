@@ -56,8 +56,10 @@ pub struct SinkContext {
     /// The sink's queue. A sink runs until it returns `None`/0 (every source gone and the
     /// queue drained), so the daemon's drain delivers what was accepted.
     pub input: SinkInput,
-    /// Fires when the grace period is over: stop waiting on slow peers and return.
-    pub shutdown: CancellationToken,
+    /// Fires when the shutdown grace period is over: stop waiting on slow peers, report what
+    /// is still unsettled as failed, and return. (Until then a sink keeps delivering: it stops
+    /// on its own once its input ends.)
+    pub grace_over: CancellationToken,
     pub state: Option<Arc<dyn StateStore>>,
     pub shared: Shared,
 }

@@ -218,6 +218,13 @@ pub struct Event {
 }
 
 impl Event {
+    /// A 128-bit key of the event's identity `(source, id)`: the same in every process and
+    /// across restarts (XXH3-128), so it can name the event to a bus that deduplicates
+    /// (JetStream `Nats-Msg-Id`). Two events with the same key are the same event.
+    pub fn key(&self) -> u128 {
+        crate::pipeline::dedup::dedup_key(&self.source, &self.id)
+    }
+
     pub fn new(id: impl Into<String>, source: impl Into<String>, ty: impl Into<String>) -> Self {
         Event {
             id: id.into(),

@@ -8,6 +8,7 @@ pub mod format;
 pub mod http_binding;
 pub mod kafka_binding;
 pub mod pipeline;
+pub mod pull;
 #[cfg(feature = "cloudevents-sdk")]
 pub mod sdk;
 pub mod state;

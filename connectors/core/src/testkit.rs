@@ -9,10 +9,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::contract::{Shared, SinkContext, SourceContext};
 use crate::event::Event;
-use crate::pipeline::{
-    self, DedupConfig, DedupScope, Outcome, PipelineSpec, RouteSpec, SinkInput, SinkItem, SinkSpec,
-    SourceSender, Status, Unrouted, WhenFull,
+use crate::pipeline::wiring::{
+    self as pipeline, DedupConfig, DedupScope, PipelineSpec, RouteSpec, SinkSpec, Unrouted,
 };
+use crate::pipeline::{Outcome, SinkInput, SinkItem, SourceSender, Status, WhenFull};
 use crate::state::{MemoryStateStore, StateStore};
 
 /// A TCP port that was free a moment ago on 127.0.0.1 (for servers a test starts).
@@ -214,7 +214,7 @@ impl Collected {
 
 /// A sink under test, fed by a test source through the real pipeline.
 pub struct SinkRig {
-    pub shutdown: CancellationToken,
+    pub grace_over: CancellationToken,
     pub state: Arc<MemoryStateStore>,
     sender: Option<SourceSender>,
     input: Option<SinkInput>,
@@ -230,7 +230,7 @@ impl SinkRig {
             WhenFull::Block,
         ));
         SinkRig {
-            shutdown: CancellationToken::new(),
+            grace_over: CancellationToken::new(),
             state: Arc::new(MemoryStateStore::default()),
             sender: built.senders.pop(),
             input: built.inputs.pop(),
@@ -253,7 +253,7 @@ impl SinkRig {
         let dead = built.inputs.pop().map(|input| Capture { input });
         (
             SinkRig {
-                shutdown: CancellationToken::new(),
+                grace_over: CancellationToken::new(),
                 state: Arc::new(MemoryStateStore::default()),
                 sender: built.senders.pop(),
                 input: built.inputs.pop(),
@@ -267,7 +267,7 @@ impl SinkRig {
         SinkContext {
             name: name.into(),
             input: self.input.take().expect("testkit: context() is taken once"),
-            shutdown: self.shutdown.clone(),
+            grace_over: self.grace_over.clone(),
             state: Some(self.state.clone() as Arc<dyn StateStore>),
             shared: Shared::default(),
         }

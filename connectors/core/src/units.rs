@@ -7,43 +7,43 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A duration written the human way (`30s`, `10m`, `1h 30m`, `250ms`), parsed by `humantime`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Duration(pub std::time::Duration);
+pub struct HumanDuration(pub std::time::Duration);
 
-impl Duration {
+impl HumanDuration {
     pub const fn from_secs(s: u64) -> Self {
-        Duration(std::time::Duration::from_secs(s))
+        HumanDuration(std::time::Duration::from_secs(s))
     }
     pub const fn from_millis(ms: u64) -> Self {
-        Duration(std::time::Duration::from_millis(ms))
+        HumanDuration(std::time::Duration::from_millis(ms))
     }
     pub fn get(self) -> std::time::Duration {
         self.0
     }
 }
 
-impl FromStr for Duration {
+impl FromStr for HumanDuration {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         humantime::parse_duration(s.trim())
-            .map(Duration)
+            .map(HumanDuration)
             .map_err(|e| format!("{s:?} is not a duration ({e}); write e.g. 250ms, 30s, 10m, 1h"))
     }
 }
 
-impl fmt::Display for Duration {
+impl fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", humantime::format_duration(self.0))
     }
 }
 
-impl<'de> Deserialize<'de> for Duration {
+impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         s.parse().map_err(serde::de::Error::custom)
     }
 }
 
-impl Serialize for Duration {
+impl Serialize for HumanDuration {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }
@@ -109,9 +109,9 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!("10m".parse::<Duration>().unwrap().0.as_secs(), 600);
-        assert_eq!("250ms".parse::<Duration>().unwrap().0.as_millis(), 250);
-        assert!("ten".parse::<Duration>().is_err());
+        assert_eq!("10m".parse::<HumanDuration>().unwrap().0.as_secs(), 600);
+        assert_eq!("250ms".parse::<HumanDuration>().unwrap().0.as_millis(), 250);
+        assert!("ten".parse::<HumanDuration>().is_err());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
-use sluice_core::units::Duration as Human;
+use sluice_core::units::HumanDuration as Human;
 
 /// `retry: { max_attempts, initial_backoff, max_backoff, max_elapsed }`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use sluice_core::event::{Event, ExtValue, Timestamp};
 use sluice_core::state::StateStore;
-use sluice_core::units::Duration;
+use sluice_core::units::HumanDuration;
 use sluice_core::{BoxFuture, ConnectorError, Running, SourceConfig, SourceContext, SourceSender};
 use tokio_util::sync::CancellationToken;
 
@@ -42,7 +42,7 @@ pub struct Catchup {
     pub enabled: bool,
     /// How far back missed slots are replayed. Default 1h.
     #[serde(default = "default_max_duration")]
-    pub max_duration: Duration,
+    pub max_duration: HumanDuration,
 }
 
 impl Default for Catchup {
@@ -54,8 +54,8 @@ impl Default for Catchup {
     }
 }
 
-fn default_max_duration() -> Duration {
-    Duration::from_secs(3600)
+fn default_max_duration() -> HumanDuration {
+    HumanDuration::from_secs(3600)
 }
 
 /// `kind: schedule` options.
@@ -65,7 +65,7 @@ pub struct ScheduleConfig {
     /// 5-field or 6-field (with seconds) cron, or a descriptor (`@hourly`, `@daily`, ...).
     pub cron: Option<String>,
     /// A fixed interval (`30s`, `5m`), aligned to `anchor` (default the Unix epoch).
-    pub interval: Option<Duration>,
+    pub interval: Option<HumanDuration>,
     /// IANA time zone for `cron` and `exclusion_dates`. Default UTC.
     pub timezone: Option<String>,
     /// RFC 3339 instant interval slots are aligned to. Default 1970-01-01T00:00:00Z.

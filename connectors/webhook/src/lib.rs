@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use serde::Deserialize;
-use sluice_core::units::{ByteSize, Duration};
+use sluice_core::units::{ByteSize, HumanDuration};
 use sluice_core::{BoxFuture, ConnectorError, Running, SourceConfig, SourceContext};
 
 pub use auth::AuthConfig;
@@ -100,10 +100,10 @@ pub struct WebhookConfig {
     pub ack: AckMode,
     /// How long a request may wait for room in the pipeline before 503. Default 1s.
     #[serde(default = "default_accept_timeout")]
-    pub accept_timeout: Duration,
+    pub accept_timeout: HumanDuration,
     /// How long `ack: delivered` waits for the sinks before 503. Default 30s.
     #[serde(default = "default_ack_timeout")]
-    pub ack_timeout: Duration,
+    pub ack_timeout: HumanDuration,
     /// Headers whose value becomes the event id, first present wins.
     #[serde(default = "default_id_headers")]
     pub id_headers: Vec<String>,
@@ -137,10 +137,10 @@ pub struct WebhookConfig {
     pub metadata: BTreeMap<String, String>,
     /// A client must send its request headers within this time. Default 10s.
     #[serde(default = "default_header_timeout")]
-    pub header_timeout: Duration,
+    pub header_timeout: HumanDuration,
     /// A client must send its whole body within this time (408 otherwise). Default 30s.
     #[serde(default = "default_body_timeout")]
-    pub body_timeout: Duration,
+    pub body_timeout: HumanDuration,
     /// Open connections per listener; more wait in the kernel's backlog. Default 10000.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
@@ -162,11 +162,11 @@ fn default_methods() -> Vec<Method> {
 fn default_max_body() -> ByteSize {
     ByteSize::mib(1)
 }
-fn default_accept_timeout() -> Duration {
-    Duration::from_secs(1)
+fn default_accept_timeout() -> HumanDuration {
+    HumanDuration::from_secs(1)
 }
-fn default_ack_timeout() -> Duration {
-    Duration::from_secs(30)
+fn default_ack_timeout() -> HumanDuration {
+    HumanDuration::from_secs(30)
 }
 fn default_id_headers() -> Vec<String> {
     [
@@ -178,11 +178,11 @@ fn default_id_headers() -> Vec<String> {
     .map(String::from)
     .to_vec()
 }
-fn default_header_timeout() -> Duration {
-    Duration::from_secs(10)
+fn default_header_timeout() -> HumanDuration {
+    HumanDuration::from_secs(10)
 }
-fn default_body_timeout() -> Duration {
-    Duration::from_secs(30)
+fn default_body_timeout() -> HumanDuration {
+    HumanDuration::from_secs(30)
 }
 fn default_max_connections() -> usize {
     10_000
