@@ -97,6 +97,9 @@ async fn stop_signal() {
     }
 }
 
+/// Exit code when SIGTERM's drain did not finish within `shutdown_grace`.
+const EXIT_DRAIN_INCOMPLETE: u8 = 3;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -158,8 +161,14 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match rt.block_on(topology::run(cfg, metrics, stop_signal())) {
-                Ok(()) => ExitCode::SUCCESS,
+            let result = rt.block_on(topology::run(cfg, metrics, stop_signal()));
+            // Never wait for ever on a blocking task (a write to a pipe nobody reads, a stuck
+            // file system): what is still running after this bound is abandoned with the
+            // process. Its events were already reported failed when the grace was over.
+            rt.shutdown_timeout(std::time::Duration::from_secs(2));
+            match result {
+                Ok(topology::Drain::Complete) => ExitCode::SUCCESS,
+                Ok(topology::Drain::Incomplete) => ExitCode::from(EXIT_DRAIN_INCOMPLETE),
                 Err(e) => {
                     tracing::error!("{e}");
                     eprintln!("sluice: {e}");

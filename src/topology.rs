@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use sluice_core::pipeline::{self, DedupConfig, PipelineSpec, SinkSpec};
+use sluice_core::pipeline::wiring::{self, DedupConfig, PipelineSpec, SinkSpec};
 use sluice_core::state::StateStore;
 use sluice_core::{Running, Shared, SinkContext, SourceContext};
 use tokio::task::JoinHandle;
@@ -36,12 +36,23 @@ fn supervise(what: String, running: Running, up: Arc<Component>) -> JoinHandle<(
     })
 }
 
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drain {
+    /// Every source and sink finished within `shutdown_grace`: whatever was accepted was
+    /// settled (delivered, or answered as failed to its sender).
+    Complete,
+    /// Something was still running when the grace was over and was stopped: its unsettled
+    /// events were reported failed to their senders where that was still possible.
+    Incomplete,
+}
+
 /// Runs `config` until `stop` resolves, then drains. Errors are for the operator (exit 1).
 pub async fn run(
     config: Config,
     metrics: PrometheusHandle,
     stop: impl std::future::Future<Output = ()>,
-) -> Result<(), String> {
+) -> Result<Drain, String> {
     // Register every component before the admin server starts, so /readyz is 503 until all of
     // them are built and running.
     let ready = Arc::new(Readiness::new(config.admin.liveness_grace.get()));
@@ -112,7 +123,7 @@ pub async fn run(
     if config.routes.is_empty() && !config.sources.is_empty() {
         tracing::warn!("no routes: every event will be counted as unrouted and go nowhere");
     }
-    let built = pipeline::build(&spec);
+    let built = wiring::build(&spec);
     tokio::spawn(built.gauges.run(Duration::from_secs(1)));
 
     let dedup_stop = CancellationToken::new();
@@ -140,7 +151,7 @@ pub async fn run(
         let ctx = SinkContext {
             name: entry.name.clone(),
             input,
-            shutdown: sink_stop.clone(),
+            grace_over: sink_stop.clone(),
             state: store.clone(),
             shared: shared.clone(),
         };
@@ -183,9 +194,11 @@ pub async fn run(
     let deadline = tokio::time::Instant::now() + grace;
     ready.draining();
     source_stop.cancel();
+    let mut drain = Drain::Complete;
     for t in source_tasks {
         if tokio::time::timeout_at(deadline, t).await.is_err() {
             tracing::warn!("a source did not finish within shutdown_grace");
+            drain = Drain::Incomplete;
         }
     }
     drop(shared);
@@ -196,6 +209,7 @@ pub async fn run(
         }
     }
     if !unfinished.is_empty() {
+        drain = Drain::Incomplete;
         // Grace is over: sinks stop waiting on slow peers; unsettled events count as failed.
         tracing::warn!(
             sinks = unfinished.len(),
@@ -218,6 +232,11 @@ pub async fn run(
         let _ = t.await;
     }
     admin_stop.cancel();
-    tracing::info!("stopped");
-    Ok(())
+    match drain {
+        Drain::Complete => tracing::info!("stopped"),
+        Drain::Incomplete => tracing::warn!(
+            "stopped; the drain was incomplete (shutdown_grace was over): exit code 3"
+        ),
+    }
+    Ok(drain)
 }
