@@ -44,11 +44,16 @@ fn main() {
     };
     let addr: SocketAddr = listen.parse().expect("--listen ADDR");
     let threads: usize = arg("--threads").map_or(1, |t| t.parse().expect("--threads N"));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()
-        .unwrap();
+    // The same shape as `sluice run --threads N`: one thread is tokio's current-thread
+    // scheduler, more the multi-thread one.
+    let mut rt = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    let rt = rt.enable_all().build().unwrap();
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         eprintln!("bare_hyper: listening on {addr} with {threads} worker thread(s)");

@@ -45,6 +45,27 @@ local f = io.open("$work/body.json", "rb"); wrk.body = f:read("*a"); f:close()
 EOF
 
 
+# QUOTA=50 caps each server under test at 50 % of one core (a cgroup v1 or v2 CPU quota, 10 ms
+# period), so the server is the bottleneck even when one wrk thread cannot saturate a whole
+# core's worth of server: the ratio is then taken between servers on the same half core.
+QUOTA=${QUOTA:-}
+CG=""
+if [ -n "$QUOTA" ]; then
+  if [ -d /sys/fs/cgroup/cpu ] && mkdir -p /sys/fs/cgroup/cpu/sluicebench 2>/dev/null; then
+    CG=/sys/fs/cgroup/cpu/sluicebench
+    echo 10000 > $CG/cpu.cfs_period_us; echo $((QUOTA * 100)) > $CG/cpu.cfs_quota_us
+  elif [ -f /sys/fs/cgroup/cgroup.controllers ] && mkdir -p /sys/fs/cgroup/sluicebench 2>/dev/null; then
+    CG=/sys/fs/cgroup/sluicebench
+    echo "$((QUOTA * 100)) 10000" > $CG/cpu.max
+  else
+    echo "QUOTA needs a writable cgroup cpu controller" >&2; exit 1
+  fi
+fi
+confine() { if [ -n "$CG" ]; then echo "$1" > "$CG/cgroup.procs"; fi; }
+
+# CPU seconds (user + system) a process has used so far.
+cpu_of() { awk '{printf "%.2f", ($14 + $15) / '"$(getconf CLK_TCK)"'}' "/proc/$1/stat"; }
+
 # start NAME → starts a server on $PORT, sets $pid
 start() {
   case $1 in
@@ -63,16 +84,23 @@ routes:
 EOF
       RUST_LOG=warn taskset -c "$SERVER_CPU" "$SLUICE" run -c "$work/sluice-$1.yaml" --threads 1 >/dev/null 2>>"$work/sluice.err" & pid=$! ;;
   esac
+  confine "$pid"
   wait_port $PORT
 }
 stop() { kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; sleep 0.3; }
 
 # Max rate, alternating the servers round by round (this VM's speed drifts by ±15%).
-declare -A RPS P99 NON2XX RSS
+# Each run also records the CPU share (of one core) of the server and of wrk: a ratio means
+# something only when the server, not the load generator, is the bottleneck.
+declare -A RPS P99 NON2XX RSS SCPU LCPU
 for round in $(seq 1 "$ROUNDS"); do
   for s in bare null null-noht log; do
     start $s
-    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$work/post.lua" "http://127.0.0.1:$PORT/" 2>&1)
+    c0=$(cpu_of "$pid"); t0=$(date +%s.%N)
+    out=$(taskset -c "$LOAD_CPU" /usr/bin/time -f 'LOADCPU %U %S %e' wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$work/post.lua" "http://127.0.0.1:$PORT/" 2>&1)
+    c1=$(cpu_of "$pid"); t1=$(date +%s.%N)
+    SCPU[$s]+="$(python3 -c "print('%.0f' % (100*($c1-$c0)/($t1-$t0)))") "
+    LCPU[$s]+="$(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' <<<"$out") "
     RPS[$s]+="$(awk '/Requests\/sec/ {print $2}' <<<"$out") "
     P99[$s]+="$(awk '$1=="99%" {print $2}' <<<"$out") "
     NON2XX[$s]+="$(awk '/Non-2xx/ {n=$4} END {print n+0}' <<<"$out") "
@@ -98,11 +126,12 @@ print("%.3f %.3f" % (p["p50"]*1000, p["p99"]*1000))' <<<"$out")"
 done
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem/ {print $2}') GiB; $(date -u +%Y-%m-%d)"
-echo "load: wrk -t1 -c$CONNS -d$DURATION, $ROUNDS alternating rounds (median); oha -c$CONNS -q <half of median> for latency; server on cpu $SERVER_CPU (1 worker thread), load on cpu $LOAD_CPU; 1 KiB JSON POST"
+echo "load: wrk -t1 -c$CONNS -d$DURATION, $ROUNDS alternating rounds (median); oha -c$CONNS -q <half of median> for latency; server on cpu $SERVER_CPU (1 worker thread, current-thread scheduler${QUOTA:+, CPU quota $QUOTA % of the core}), load on cpu $LOAD_CPU; 1 KiB JSON POST"
 echo
 bare=$(median "${RPS[bare]}")
-echo "| server | max req/s (median) | rounds | vs ceiling (median of per-round ratios) | p99 at max (wrk) | p50 / p99 ms at half rate | peak RSS MB | non-2xx |"
-echo "|---|---|---|---|---|---|---|---|"
+LIMIT=${LOAD_CPU_LIMIT:-85}
+echo "| server | max req/s (median) | rounds | vs ceiling (median of per-round ratios) | server CPU % | wrk CPU % | p99 at max (wrk) | p50 / p99 ms at half rate | peak RSS MB | non-2xx |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for s in bare null null-noht log; do
   case $s in
     bare) name="bare hyper (ceiling)";;
@@ -116,5 +145,9 @@ for s in bare null null-noht log; do
 a=[float(x) for x in '${RPS[$s]}'.split()]; b=[float(x) for x in '${RPS[bare]}'.split()]
 r=sorted(x/y for x,y in zip(a,b)); n=len(r)
 print('%.0f %%' % (100*(r[n//2] if n%2 else (r[n//2-1]+r[n//2])/2)))")
-  echo "| $name | $m | ${RPS[$s]% } | $pct | $(median "${P99[$s]}") ms | ${P50H[$s]} / ${P99H[$s]} | $(tr ' ' '\n' <<<"${RSS[$s]}" | sort -g | tail -1) | $(tr ' ' '+' <<<"${NON2XX[$s]}" | sed 's/+$//; s/^+*//' ) |"
+  # Refused when wrk was near its core's limit in any round of this server or of the ceiling:
+  # then wrk, not the server, set the rate.
+  worst=$(tr ' ' '\n' <<<"${LCPU[$s]} ${LCPU[bare]}" | grep -v '^$' | sort -g | tail -1)
+  if [ "$worst" -gt "$LIMIT" ]; then pct="n/a (wrk at ${worst} % CPU: load-generator-bound)"; fi
+  echo "| $name | $m | ${RPS[$s]% } | $pct | ${SCPU[$s]% } | ${LCPU[$s]% } | $(median "${P99[$s]}") ms | ${P50H[$s]} / ${P99H[$s]} | $(tr ' ' '\n' <<<"${RSS[$s]}" | sort -g | tail -1) | $(tr ' ' '+' <<<"${NON2XX[$s]}" | sed 's/+$//; s/^+*//' ) |"
 done
