@@ -1,0 +1,181 @@
+//! The daemon's side of the pipeline: what it takes to build one from a config (specs,
+//! routes, dedup settings) and what building returns. Connectors never need this module: they
+//! get a [`super::SourceSender`] or a [`super::SinkInput`] in their context.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+pub use super::dedup::{dedup_key, Check, Dedup, DedupConfig, DedupScope};
+pub use super::queue::QueueGauges;
+use super::queue::{self, SinkInput, WhenFull};
+use super::{Pipeline, SourceRoutes, SourceSender};
+use crate::event::Event;
+use crate::telemetry::SourceTelemetry;
+
+/// What happens to an event that no route takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unrouted {
+    /// Count it and acknowledge it upstream (default).
+    #[default]
+    Ack,
+    /// Count it and refuse it upstream (HTTP 4xx, broker nack).
+    Reject,
+}
+
+/// An attribute a route can match on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attr {
+    Type,
+    Source,
+    Subject,
+}
+
+/// An exact or prefix match on one attribute.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Match {
+    Exact(Attr, String),
+    Prefix(Attr, String),
+}
+
+impl Match {
+    pub(crate) fn matches(&self, e: &Event) -> bool {
+        let get = |a: &Attr| match a {
+            Attr::Type => Some(e.ty.as_str()),
+            Attr::Source => Some(e.source.as_str()),
+            Attr::Subject => e.subject.as_deref(),
+        };
+        match self {
+            Match::Exact(a, v) => get(a) == Some(v.as_str()),
+            Match::Prefix(a, v) => get(a).is_some_and(|s| s.starts_with(v.as_str())),
+        }
+    }
+}
+
+/// A route: events from `from` (source indices) matching every matcher go to `to` (sink
+/// indices).
+#[derive(Clone, Debug)]
+pub struct RouteSpec {
+    pub from: Vec<usize>,
+    pub to: Vec<usize>,
+    pub matches: Vec<Match>,
+}
+
+/// A sink's queue settings.
+#[derive(Clone, Debug)]
+pub struct SinkSpec {
+    pub name: String,
+    pub queue_events: usize,
+    pub queue_bytes: u64,
+    pub when_full: WhenFull,
+    /// Index of the sink that takes this sink's failed events. It must not have one itself.
+    pub dead_letter: Option<usize>,
+}
+
+/// Everything needed to build a pipeline.
+#[derive(Clone, Debug)]
+pub struct PipelineSpec {
+    pub sources: Vec<String>,
+    pub sinks: Vec<SinkSpec>,
+    pub routes: Vec<RouteSpec>,
+    pub dedup: Option<DedupConfig>,
+    /// Persist the dedup window (the caller runs [`Dedup::persist_until`]).
+    pub dedup_persistent: bool,
+    /// Process-wide bound on bytes held in all sink queues together.
+    pub memory_budget: u64,
+    pub unrouted: Unrouted,
+}
+
+/// What [`build`] returns: one sender per source, one input per sink (same order as the spec).
+pub struct Built {
+    pub senders: Vec<SourceSender>,
+    pub inputs: Vec<SinkInput>,
+    pub dedup: Option<Arc<Dedup>>,
+    /// Keeps `sluice_queue_events` and `sluice_queue_bytes` current; run it on the runtime.
+    pub gauges: queue::QueueGauges,
+}
+
+pub fn build(spec: &PipelineSpec) -> Built {
+    let budget_max = spec.memory_budget.clamp(1, u32::MAX as u64) as u32;
+    let budget = Arc::new(Semaphore::new(budget_max as usize));
+    let (mut queues, inputs): (Vec<_>, Vec<_>) = spec
+        .sinks
+        .iter()
+        .map(|s| {
+            queue::sink_queue(
+                &s.name,
+                s.queue_events,
+                s.queue_bytes,
+                s.when_full,
+                budget.clone(),
+                budget_max,
+            )
+        })
+        .unzip();
+    for (i, s) in spec.sinks.iter().enumerate() {
+        if let Some(j) = s.dead_letter.filter(|&j| j != i && j < queues.len()) {
+            assert!(
+                spec.sinks[j].dead_letter.is_none(),
+                "dead-letter chains are refused by the config"
+            );
+            let (a, b) = if i < j {
+                let (l, r) = queues.split_at_mut(j);
+                (&mut l[i], &r[0])
+            } else {
+                let (l, r) = queues.split_at_mut(i);
+                (&mut r[0], &l[j])
+            };
+            a.set_dead_letter(b);
+        }
+    }
+    let routes = (0..spec.sources.len())
+        .map(|src| {
+            let mine: Vec<(Vec<Match>, Vec<usize>)> = spec
+                .routes
+                .iter()
+                .filter(|r| r.from.contains(&src))
+                .map(|r| (r.matches.clone(), r.to.clone()))
+                .collect();
+            let static_targets = mine.iter().all(|(m, _)| m.is_empty()).then(|| {
+                let mut t: Vec<usize> =
+                    mine.iter().flat_map(|(_, to)| to.iter().copied()).collect();
+                t.sort_unstable();
+                t.dedup();
+                t
+            });
+            SourceRoutes {
+                routes: mine,
+                static_targets,
+            }
+        })
+        .collect();
+    let dedup = spec
+        .dedup
+        .filter(|d| !d.window.is_zero() && d.capacity > 0)
+        .map(|d| Arc::new(Dedup::new(d, spec.dedup_persistent)));
+    let gauges = queue::QueueGauges::new(&queues, dedup.as_ref());
+    let pipeline = Arc::new(Pipeline {
+        sinks: queues,
+        routes,
+        dedup: dedup.clone(),
+        unrouted: spec.unrouted,
+    });
+    let senders = spec
+        .sources
+        .iter()
+        .enumerate()
+        .map(|(i, name)| SourceSender {
+            pipeline: pipeline.clone(),
+            source: i,
+            telemetry: SourceTelemetry::new(name),
+        })
+        .collect();
+    Built {
+        senders,
+        inputs,
+        dedup,
+        gauges,
+    }
+}
