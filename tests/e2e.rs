@@ -670,54 +670,69 @@ async fn python_cloudevents_sdk_events_arrive_intact() {
 #[test]
 fn shipped_configs_validate() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = vec![
-        root.join("config/default.yaml"),
-        root.join("deploy/kustomize/base/sluice.yaml"),
-    ];
-    for entry in std::fs::read_dir(root.join("config/examples")).unwrap() {
-        files.push(entry.unwrap().path());
+    let dir = tempfile::tempdir().unwrap();
+    // Secrets the deploy examples read with ${file:/run/secrets/sluice/...}.
+    let secrets = dir.path().join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    std::fs::write(secrets.join("orders-token"), "t0ken\n").unwrap();
+    let mut configs: Vec<(String, String)> = Vec::new();
+    let mut add = |p: PathBuf| {
+        let text = std::fs::read_to_string(&p).unwrap();
+        configs.push((p.display().to_string(), text));
+    };
+    add(root.join("config/default.yaml"));
+    add(root.join("deploy/container/sluice.yaml"));
+    add(root.join("deploy/helm/sluice/files/default-config.yaml"));
+    for d in ["config/examples", "deploy/kustomize/base"] {
+        for entry in std::fs::read_dir(root.join(d)).unwrap() {
+            let p = entry.unwrap().path();
+            if d.starts_with("config") || p.ends_with("sluice.yaml") {
+                add(p);
+            }
+        }
     }
-    assert!(files.len() >= 5);
-    for f in files {
+    for overlay in ["edge", "sidecar", "relay"] {
+        add(root.join(format!("deploy/kustomize/overlays/{overlay}/sluice.yaml")));
+    }
+    // The Helm chart's values files carry a config under `config:` (empty: the chart's default).
+    let mut from_values = 0;
+    for entry in std::fs::read_dir(root.join("deploy/helm/sluice")).unwrap() {
+        let p = entry.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if !(name.starts_with("values") && name.ends_with(".yaml")) {
+            continue;
+        }
+        let doc: yaml_serde::Value =
+            yaml_serde::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        let config = &doc["config"];
+        if config.as_mapping().is_some_and(|m| !m.is_empty()) {
+            configs.push((
+                format!("{}: config", p.display()),
+                yaml_serde::to_string(config).unwrap(),
+            ));
+            from_values += 1;
+        }
+    }
+    assert!(
+        from_values >= 3,
+        "edge, sidecar and relay values carry a config"
+    );
+    assert!(configs.len() >= 12, "{}", configs.len());
+    for (i, (name, text)) in configs.iter().enumerate() {
+        let text = text.replace("/run/secrets/sluice/", &format!("{}/", secrets.display()));
+        let p = dir.path().join(format!("{i}.yaml"));
+        std::fs::write(&p, text).unwrap();
         let out = Command::new(BIN)
             .args(["validate", "-c"])
-            .arg(&f)
+            .arg(&p)
             .output()
             .unwrap();
         assert!(
             out.status.success(),
-            "{}: {}",
-            f.display(),
+            "{name}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    // The Helm chart's values carry a config too.
-    let values = std::fs::read_to_string(root.join("deploy/helm/sluice/values.yaml")).unwrap();
-    let config = values
-        .split("\nconfig:\n")
-        .nth(1)
-        .unwrap()
-        .split("\n# Mount")
-        .next()
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("helm.yaml");
-    let dedented: String = config
-        .lines()
-        .map(|l| l.strip_prefix("  ").unwrap_or(l))
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::write(&p, dedented).unwrap();
-    let out = Command::new(BIN)
-        .args(["validate", "-c"])
-        .arg(&p)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "helm values: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// POSTs one plain event per id (as `idempotency-key`), each answered 200; returns the ids.
@@ -1011,4 +1026,177 @@ async fn webhook_to_kafka_answers_after_the_broker_took_the_record() {
     for (id, key) in &got {
         assert_eq!(key.as_deref(), Some(id.as_str()), "the key template");
     }
+}
+
+/// Starts `sluice run` on a config with a schedule source (no ports) and returns it with its
+/// stderr piped; `env` adds variables, `NO_COLOR` is removed unless given.
+fn spawn_plain(dir: &Path, env: &[(&str, &str)]) -> Child {
+    let path = dir.join("plain.yaml");
+    std::fs::write(
+        &path,
+        "admin: { enabled: false }\nsources:\n  tick: { kind: schedule, interval: 1h }\nsinks:\n  out: { kind: null }\nroutes:\n  - { from: [tick], to: [out] }\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "-c"]).arg(&path).env_remove("NO_COLOR");
+    cmd.env("RUST_LOG", "info");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Reads stderr until "sluice is running", SIGTERMs, and returns all of it.
+fn run_and_stop(mut child: Child) -> String {
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut text = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text.contains("sluice is running") {
+        assert!(Instant::now() < deadline, "did not start: {text}");
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            panic!("sluice exited: {text}");
+        }
+        text.push_str(&line);
+    }
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    std::io::Read::read_to_string(&mut err, &mut text).unwrap();
+    assert!(child.wait().unwrap().success(), "{text}");
+    text
+}
+
+#[test]
+fn logs_into_a_pipe_carry_no_escape_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = run_and_stop(spawn_plain(dir.path(), &[]));
+    assert!(text.contains("INFO"), "{text}");
+    assert!(!text.contains('\x1b'), "escape codes in a pipe: {text:?}");
+}
+
+#[test]
+fn logs_on_a_terminal_are_coloured_unless_no_color() {
+    // `script` gives the daemon a pseudo-terminal as stdout and stderr.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tty.yaml");
+    std::fs::write(
+        &cfg,
+        "admin: { enabled: false }\nsources:\n  tick: { kind: schedule, interval: 1h }\nsinks:\n  out: { kind: null }\nroutes:\n  - { from: [tick], to: [out] }\n",
+    )
+    .unwrap();
+    let on_tty = |no_color: Option<&str>| -> String {
+        // The daemon stops itself: `timeout` sends SIGTERM after 2 s.
+        let inner = format!("timeout -s TERM 2 {BIN} run -c {}", cfg.display());
+        let mut cmd = Command::new("script");
+        cmd.args(["-qefc", &inner, "/dev/null"])
+            .env_remove("NO_COLOR")
+            .env("RUST_LOG", "info");
+        if let Some(v) = no_color {
+            cmd.env("NO_COLOR", v);
+        }
+        let out = cmd.output().expect("script (util-linux) runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let coloured = on_tty(None);
+    assert!(coloured.contains("sluice is running"), "{coloured:?}");
+    assert!(
+        coloured.contains('\x1b'),
+        "a terminal gets colour: {coloured:?}"
+    );
+    let plain = on_tty(Some("1"));
+    assert!(plain.contains("sluice is running"), "{plain:?}");
+    assert!(
+        !plain.contains('\x1b'),
+        "NO_COLOR=1 on a terminal: {plain:?}"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_ends_the_process_even_when_stdout_is_blocked() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let path = dir.path().join("blocked.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "admin: {{ enabled: false }}\nshutdown_grace: 1s\nsources:\n  hooks: {{ kind: webhook, listen: {hook}, path: /, ack_timeout: 1s }}\nsinks:\n  console: {{ kind: log }}\nroutes:\n  - {{ from: [hooks], to: [console] }}\n"
+        ),
+    )
+    .unwrap();
+    // stdout is a pipe nobody reads (a stuck log collector): it fills and the log sink's write
+    // blocks in a blocking-pool thread for good.
+    let mut child = Command::new(BIN)
+        .args(["run", "-c"])
+        .arg(&path)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _stdout_never_read = child.stdout.take().unwrap();
+    let err = child.stderr.take().unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let keep = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            keep.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !log.lock().unwrap().contains("sluice is running") {
+        assert!(
+            Instant::now() < deadline,
+            "did not start: {}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // 200 events of 8 KiB: far more than a 64 KiB pipe holds.
+    let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(8192));
+    let mut posts = Vec::new();
+    for i in 0..200 {
+        let body = body.clone();
+        posts.push(tokio::spawn(async move {
+            let id = format!("blocked-{i}");
+            let headers = [
+                ("content-type", "application/json"),
+                ("idempotency-key", id.as_str()),
+            ];
+            let _ = tokio::time::timeout(
+                Duration::from_secs(5),
+                request(hook, "POST", "/", &headers, body.as_bytes()),
+            )
+            .await;
+        }));
+    }
+    for p in posts {
+        let _ = p.await;
+    }
+    let stopped_at = Instant::now();
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(15),
+            "still running 15 s after SIGTERM with shutdown_grace 1s; log:\n{}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "a drain cut short by the grace says so; log:\n{}",
+        log.lock().unwrap()
+    );
 }

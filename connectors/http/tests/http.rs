@@ -531,13 +531,13 @@ async fn concurrency_is_bounded() {
     for p in pending {
         assert!(p.await.is_delivered());
     }
+    // Exactly 4 at once at the peak: never more (the bound), and not one at a time (the
+    // server saw 4 together). 20 requests of 100 ms, at most 4 at a time, take at least 500 ms;
+    // no upper bound on time: a loaded CI machine may be slow, and the peak already proves the
+    // requests overlapped.
     assert_eq!(server.max_concurrent.load(Ordering::SeqCst), 4);
-    // 20 requests, 4 at a time, 100 ms each: about 500 ms, not 100 ms and not 2 s.
     let took = t0.elapsed();
-    assert!(
-        took >= Duration::from_millis(450) && took < Duration::from_millis(1800),
-        "{took:?}"
-    );
+    assert!(took >= Duration::from_millis(450), "{took:?}");
 }
 
 mod tls {
