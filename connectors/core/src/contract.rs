@@ -64,6 +64,35 @@ pub struct SinkContext {
     pub shared: Shared,
 }
 
+/// What every processor gets: an input queue as a sink has, and a sender as a source has.
+///
+/// A processor reads [`crate::SinkItem`]s from `input`, emits events through `sender`, and
+/// settles each input with the outcome of what it emitted for it
+/// ([`crate::pipeline::hand_off`]): an input is acknowledged only once its output was
+/// delivered. Its input ends when every upstream stage is done and the queue is drained; it
+/// then finishes what it emitted and returns, which closes its output (the daemon drains
+/// stages in topological order).
+pub struct ProcessorContext {
+    pub name: String,
+    pub input: SinkInput,
+    pub sender: SourceSender,
+    /// Fires when the shutdown grace period is over: stop waiting and return.
+    pub grace_over: CancellationToken,
+    pub state: Option<Arc<dyn StateStore>>,
+    pub shared: Shared,
+}
+
+/// A processor kind's configuration (filters, transforms, the Sensor).
+pub trait ProcessorConfig: DeserializeOwned + fmt::Debug + Send + Sync + 'static {
+    fn validate(&self, _name: &str) -> Result<(), String> {
+        Ok(())
+    }
+    fn build(
+        self: Box<Self>,
+        ctx: ProcessorContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>>;
+}
+
 /// A source kind's configuration. `Deserialize` is the config reference: doc comments on the
 /// fields are what users read.
 pub trait SourceConfig: DeserializeOwned + fmt::Debug + Send + Sync + 'static {

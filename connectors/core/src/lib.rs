@@ -19,8 +19,8 @@ pub mod testkit;
 pub mod units;
 
 pub use contract::{
-    BoxFuture, ConnectorError, Running, Shared, SinkConfig, SinkContext, SourceConfig,
-    SourceContext,
+    BoxFuture, ConnectorError, ProcessorConfig, ProcessorContext, Running, Shared, SinkConfig,
+    SinkContext, SourceConfig, SourceContext,
 };
 pub use event::{Data, Event, EventError, ExtValue, Timestamp};
 pub use pipeline::{

@@ -308,6 +308,23 @@ impl Delivery {
         self.complete(Status::Rejected, Some(reason.into()))
     }
 
+    /// Reports the outcome of the downstream unit this event was turned into (a processor's
+    /// output): delivered when it was delivered, otherwise its status and reason.
+    pub fn settle_with(self, outcome: &Outcome) {
+        match outcome.status {
+            Status::Delivered => self.delivered(),
+            s => self.complete(s, outcome.reason.clone()),
+        }
+    }
+
+    /// Gives the event's share of its queue's bytes and of the memory budget back, keeping the
+    /// delivery open. A processor does this when it takes an event from its queue: what it
+    /// emits takes its own share downstream, so stages in a chain never wait on each other for
+    /// budget (the processor's own concurrency bounds what it holds meanwhile).
+    pub fn release_memory(&mut self) {
+        self.permits = None;
+    }
+
     /// Whether a failure report sends the event to a dead-letter sink.
     pub fn has_dead_letter(&self) -> bool {
         self.dead_letter.is_some()

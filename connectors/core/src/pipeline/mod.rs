@@ -5,6 +5,7 @@
 //! and there is no extra hop per event.
 
 pub(crate) mod ack;
+mod chain;
 pub(crate) mod dedup;
 pub(crate) mod queue;
 pub mod window;
@@ -20,6 +21,7 @@ use tokio::sync::oneshot;
 
 pub use ack::{Delivery, Outcome, Status};
 pub use queue::{SinkInput, SinkItem, WhenFull};
+pub use chain::hand_off;
 pub use window::{SinkWindow, Step};
 
 use crate::event::Event;
