@@ -30,6 +30,7 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 #[derive(Clone)]
 pub struct SourceTelemetry {
     name: std::sync::Arc<str>,
+    role: &'static str,
     pub received: Counter,
     pub deduplicated: Counter,
     pub unrouted: Counter,
@@ -37,19 +38,26 @@ pub struct SourceTelemetry {
 
 impl SourceTelemetry {
     pub fn new(name: &str) -> Self {
+        Self::labelled("source", name)
+    }
+
+    /// The counters of a stage that emits events, labelled `role="name"` (`source`, or
+    /// `processor` for a processor's output).
+    pub fn labelled(role: &'static str, name: &str) -> Self {
         let label = name.to_owned();
         SourceTelemetry {
             name: name.into(),
-            received: counter!(EVENTS_RECEIVED, "source" => label.clone()),
-            deduplicated: counter!(EVENTS_DEDUPLICATED, "source" => label.clone()),
-            unrouted: counter!(EVENTS_UNROUTED, "source" => label),
+            role,
+            received: counter!(EVENTS_RECEIVED, role => label.clone()),
+            deduplicated: counter!(EVENTS_DEDUPLICATED, role => label.clone()),
+            unrouted: counter!(EVENTS_UNROUTED, role => label),
         }
     }
 
     /// Counts input the source refused (a malformed request, a failed auth check, ...).
     /// `reason` is a short, fixed label such as `invalid_event` or `unauthorized`.
     pub fn rejected(&self, reason: &'static str, n: u64) {
-        counter!(EVENTS_REJECTED, "source" => self.name.to_string(), "reason" => reason)
+        counter!(EVENTS_REJECTED, self.role => self.name.to_string(), "reason" => reason)
             .increment(n);
     }
 }
@@ -67,14 +75,20 @@ pub struct SinkTelemetry {
 
 impl SinkTelemetry {
     pub fn new(name: &str) -> Self {
+        Self::labelled("sink", name)
+    }
+
+    /// The handles of a stage that takes events from a queue, labelled `role="name"` (`sink`,
+    /// or `processor` for a processor's input).
+    pub fn labelled(role: &'static str, name: &str) -> Self {
         let label = name.to_owned();
         SinkTelemetry {
-            delivered: counter!(EVENTS_DELIVERED, "sink" => label.clone()),
-            failures: counter!(DELIVERY_FAILURES, "sink" => label.clone()),
-            dropped_full: counter!(EVENTS_DROPPED, "sink" => label.clone(), "reason" => "queue_full"),
-            queue_events: gauge!(QUEUE_EVENTS, "sink" => label.clone()),
-            queue_bytes: gauge!(QUEUE_BYTES, "sink" => label.clone()),
-            latency: histogram!(DELIVERY_LATENCY, "sink" => label),
+            delivered: counter!(EVENTS_DELIVERED, role => label.clone()),
+            failures: counter!(DELIVERY_FAILURES, role => label.clone()),
+            dropped_full: counter!(EVENTS_DROPPED, role => label.clone(), "reason" => "queue_full"),
+            queue_events: gauge!(QUEUE_EVENTS, role => label.clone()),
+            queue_bytes: gauge!(QUEUE_BYTES, role => label.clone()),
+            latency: histogram!(DELIVERY_LATENCY, role => label),
         }
     }
 }

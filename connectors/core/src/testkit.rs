@@ -62,6 +62,7 @@ fn spec(source: &str, sink: &str, queue_events: usize, when_full: WhenFull) -> P
             when_full,
             dead_letter: None,
         }],
+        processors: Vec::new(),
         routes: vec![RouteSpec {
             from: vec![0],
             to: vec![0],

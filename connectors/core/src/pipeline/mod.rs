@@ -20,8 +20,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 pub use ack::{Delivery, Outcome, Status};
-pub use queue::{SinkInput, SinkItem, WhenFull};
 pub use chain::hand_off;
+pub use queue::{SinkInput, SinkItem, WhenFull};
 pub use window::{SinkWindow, Step};
 
 use crate::event::Event;
@@ -71,6 +71,8 @@ pub struct SourceSender {
     pipeline: Arc<Pipeline>,
     source: usize,
     telemetry: SourceTelemetry,
+    /// Shared by this stage's senders: the last one dropped tells the queues it feeds.
+    _stage: Arc<queue::StageToken>,
 }
 
 impl SourceSender {
@@ -278,6 +280,7 @@ mod tests {
                     dead_letter: None,
                 })
                 .collect(),
+            processors: Vec::new(),
             routes,
             dedup: Some(DedupConfig {
                 window: Duration::from_secs(60),
@@ -814,5 +817,127 @@ mod tests {
             .await
             .expect("settled when the sink's input is dropped, not at shutdown");
         assert_eq!(out.status, Status::Failed);
+    }
+
+    /// A processor that passes every event on, settling its input with the output's outcome.
+    async fn pass_through(mut input: SinkInput, sender: SourceSender) {
+        let grace = tokio_util::sync::CancellationToken::new();
+        let mut window = SinkWindow::new(64);
+        let mut batch = Vec::new();
+        loop {
+            let inp = &mut input;
+            match window
+                .step(&grace, true, |room| inp.recv_many(&mut batch, room))
+                .await
+            {
+                Step::Input(0) => break window.drain().await,
+                Step::Input(_) => {
+                    for SinkItem { event, delivery } in batch.drain(..) {
+                        window.push(hand_off(&sender, vec![delivery], vec![event]).await);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_chain_of_processors_whose_queues_sum_past_the_budget_does_not_deadlock() {
+        // source → p0 → p1 → p2 → p3 → sink: five queues of 4 KB each under a 10 KB budget.
+        let n = 4;
+        let mut sp = spec(&[("out", 1000, WhenFull::Block)], vec![]);
+        sp.sinks[0].queue_bytes = 4000;
+        sp.memory_budget = 10_000;
+        sp.processors = (0..n)
+            .map(|i| ProcessorSpec {
+                name: format!("p{i}"),
+                queue_events: 1000,
+                queue_bytes: 4000,
+            })
+            .collect();
+        // Senders: 0 = source, 1 + i = p{i}. Queues: 0 = out, 1 + i = p{i}.
+        sp.routes = (0..=n)
+            .map(|i| RouteSpec {
+                from: vec![i],
+                to: vec![if i == n { 0 } else { i + 1 }],
+                matches: vec![],
+            })
+            .collect();
+        let mut b = build(&sp);
+        let mut inputs = b.inputs.drain(..);
+        let mut sink = inputs.next().unwrap();
+        let mut senders = b.senders.drain(..);
+        let source = senders.next().unwrap();
+        for (input, sender) in inputs.zip(senders) {
+            tokio::spawn(pass_through(input, sender));
+        }
+        let delivered = tokio::spawn(async move {
+            let mut ids = Vec::new();
+            while let Some(item) = sink.recv().await {
+                ids.push(item.event.id.clone());
+                item.delivery.delivered();
+            }
+            ids
+        });
+        let big = |i: usize| ev(&i.to_string()).with_json(bytes::Bytes::from(vec![b'1'; 1500]));
+        let all = async move {
+            let mut pending = Vec::new();
+            for i in 0..200 {
+                pending.push(source.send(vec![big(i)]).await);
+            }
+            drop(source);
+            for p in pending {
+                assert!(p.await.is_delivered());
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), all)
+            .await
+            .expect("every event gets through the chain: no stage waits on another's budget");
+        let ids = tokio::time::timeout(Duration::from_secs(5), delivered)
+            .await
+            .expect("the chain closes stage by stage once the source is gone")
+            .unwrap();
+        assert_eq!(ids.len(), 200);
+    }
+
+    #[tokio::test]
+    async fn a_processor_input_settles_with_its_outputs_outcome() {
+        let mut sp = spec(&[("out", 10, WhenFull::Block)], vec![]);
+        sp.processors = vec![ProcessorSpec {
+            name: "p".into(),
+            queue_events: 10,
+            queue_bytes: 1 << 20,
+        }];
+        sp.routes = vec![
+            RouteSpec {
+                from: vec![0],
+                to: vec![1],
+                matches: vec![],
+            },
+            RouteSpec {
+                from: vec![1],
+                to: vec![0],
+                matches: vec![],
+            },
+        ];
+        let mut b = build(&sp);
+        let p_input = b.inputs.pop().unwrap();
+        let p_sender = b.senders.pop().unwrap();
+        tokio::spawn(pass_through(p_input, p_sender));
+        let first = b.senders[0].send(vec![ev("1")]).await;
+        let second = b.senders[0].send(vec![ev("2")]).await;
+        let a = b.inputs[0].recv().await.unwrap();
+        let mut first = Box::pin(first);
+        tokio::task::yield_now().await;
+        assert!(
+            futures_util::poll!(first.as_mut()).is_pending(),
+            "not acknowledged before the output is delivered"
+        );
+        a.delivery.failed("target down");
+        let out = first.await;
+        assert_eq!(out.status, Status::Failed);
+        assert!(out.reason.unwrap().contains("target down"));
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        assert!(second.await.is_delivered());
     }
 }

@@ -60,6 +60,52 @@ pub(crate) struct SinkQueue {
 pub struct SinkInput {
     rx: mpsc::Receiver<SinkItem>,
     shared: Arc<SinkShared>,
+    /// The stages routing into this queue, when it closes by their count (see [`Upstream`]).
+    pub(crate) upstream: Option<Arc<Upstream>>,
+    closing: bool,
+}
+
+/// How many stages (sources, processors) that route into a queue are still running. Every
+/// sender keeps every queue's sending half alive (they share the routing table), so with
+/// processors — which hold a sender themselves — "every sender gone" never happens upstream of
+/// them; instead the queue closes itself when the last stage routing into it is done.
+#[derive(Debug)]
+pub(crate) struct Upstream {
+    left: std::sync::atomic::AtomicUsize,
+    done: tokio::sync::Notify,
+}
+
+impl Upstream {
+    pub(crate) fn new(stages: usize) -> Arc<Self> {
+        Arc::new(Upstream {
+            left: std::sync::atomic::AtomicUsize::new(stages),
+            done: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// One stage routing here is done.
+    pub(crate) fn stage_done(&self) {
+        if self.left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            // One receiver: the permit is kept if it is not waiting right now.
+            self.done.notify_one();
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.left.load(std::sync::atomic::Ordering::Acquire) == 0
+    }
+}
+
+/// Held (shared) by every sender of one stage; when the last one goes, the stage is done for
+/// the queues it routes to.
+pub(crate) struct StageToken(pub(crate) Vec<Arc<Upstream>>);
+
+impl Drop for StageToken {
+    fn drop(&mut self) {
+        for u in &self.0 {
+            u.stage_done();
+        }
+    }
 }
 
 impl Drop for SinkInput {
@@ -86,6 +132,7 @@ impl Drop for SinkInput {
 }
 
 pub(crate) fn sink_queue(
+    role: &'static str,
     name: &str,
     events: usize,
     bytes: u64,
@@ -97,7 +144,7 @@ pub(crate) fn sink_queue(
     let max_bytes = bytes.clamp(1, u32::MAX as u64) as u32;
     let shared = Arc::new(SinkShared {
         name: name.into(),
-        telemetry: SinkTelemetry::new(name),
+        telemetry: SinkTelemetry::labelled(role, name),
     });
     (
         SinkQueue {
@@ -110,7 +157,12 @@ pub(crate) fn sink_queue(
             shared: shared.clone(),
             dead_letter: None,
         },
-        SinkInput { rx, shared },
+        SinkInput {
+            rx,
+            shared,
+            upstream: None,
+            closing: false,
+        },
     )
 }
 
@@ -227,12 +279,43 @@ impl SinkInput {
 
     /// The next item; `None` once every source is gone and the queue is drained.
     pub async fn recv(&mut self) -> Option<SinkItem> {
+        if let Some(up) = self.watch_upstream() {
+            tokio::select! {
+                biased;
+                item = self.rx.recv() => return item,
+                _ = up.done.notified() => self.close_input(),
+            }
+        }
         self.rx.recv().await
+    }
+
+    /// The upstream counter to wait on, unless the queue is closing already (then it drains
+    /// like any closed channel).
+    fn watch_upstream(&mut self) -> Option<Arc<Upstream>> {
+        let up = self.upstream.as_ref().filter(|_| !self.closing)?.clone();
+        if up.is_done() {
+            self.close_input();
+            return None;
+        }
+        Some(up)
+    }
+
+    fn close_input(&mut self) {
+        self.closing = true;
+        // Refuses new events; what is queued (and slots already reserved) is still received.
+        self.rx.close();
     }
 
     /// Up to `limit` items appended to `buf`, waiting for at least one. Returns 0 once every
     /// source is gone and the queue is drained.
     pub async fn recv_many(&mut self, buf: &mut Vec<SinkItem>, limit: usize) -> usize {
+        if let Some(up) = self.watch_upstream() {
+            tokio::select! {
+                biased;
+                n = self.rx.recv_many(buf, limit.max(1)) => return n,
+                _ = up.done.notified() => self.close_input(),
+            }
+        }
         self.rx.recv_many(buf, limit.max(1)).await
     }
 
@@ -336,7 +419,15 @@ mod tests {
     #[tokio::test]
     async fn an_event_sent_into_a_slot_reserved_before_the_sink_stopped_settles() {
         let budget = Arc::new(Semaphore::new(1 << 20));
-        let (q, input) = sink_queue("race", 4, 1 << 20, WhenFull::Block, budget.clone(), 1 << 20);
+        let (q, input) = sink_queue(
+            "sink",
+            "race",
+            4,
+            1 << 20,
+            WhenFull::Block,
+            budget.clone(),
+            1 << 20,
+        );
         let slot = q.tx.reserve().await.unwrap();
         drop(input);
         let (unit, rx) = Unit::new(1, None);

@@ -74,11 +74,24 @@ pub struct SinkSpec {
     pub dead_letter: Option<usize>,
 }
 
+/// A processor's input queue settings (it always blocks when full: a processor's input is
+/// someone's output, and its acknowledgement chains back).
+#[derive(Clone, Debug)]
+pub struct ProcessorSpec {
+    pub name: String,
+    pub queue_events: usize,
+    pub queue_bytes: u64,
+}
+
 /// Everything needed to build a pipeline.
 #[derive(Clone, Debug)]
 pub struct PipelineSpec {
     pub sources: Vec<String>,
     pub sinks: Vec<SinkSpec>,
+    /// Processors: each is a queue (after the sinks in `RouteSpec::to` and in
+    /// [`Built::inputs`]) and a sender (after the sources in `RouteSpec::from` and in
+    /// [`Built::senders`]).
+    pub processors: Vec<ProcessorSpec>,
     pub routes: Vec<RouteSpec>,
     pub dedup: Option<DedupConfig>,
     /// Persist the dedup window (the caller runs [`Dedup::persist_until`]).
@@ -103,12 +116,18 @@ pub fn build(spec: &PipelineSpec) -> Built {
     let (mut queues, inputs): (Vec<_>, Vec<_>) = spec
         .sinks
         .iter()
-        .map(|s| {
+        .map(|s| ("sink", &s.name, s.queue_events, s.queue_bytes, s.when_full))
+        .chain(spec.processors.iter().map(|p| {
+            let (n, e, b) = (&p.name, p.queue_events, p.queue_bytes);
+            ("processor", n, e, b, WhenFull::Block)
+        }))
+        .map(|(role, name, events, bytes, when_full)| {
             queue::sink_queue(
-                &s.name,
-                s.queue_events,
-                s.queue_bytes,
-                s.when_full,
+                role,
+                name,
+                events,
+                bytes,
+                when_full,
                 budget.clone(),
                 budget_max,
             )
@@ -130,7 +149,7 @@ pub fn build(spec: &PipelineSpec) -> Built {
             a.set_dead_letter(b);
         }
     }
-    let routes = (0..spec.sources.len())
+    let routes = (0..spec.sources.len() + spec.processors.len())
         .map(|src| {
             let mine: Vec<(Vec<Match>, Vec<usize>)> = spec
                 .routes
@@ -156,6 +175,40 @@ pub fn build(spec: &PipelineSpec) -> Built {
         .filter(|d| !d.window.is_zero() && d.capacity > 0)
         .map(|d| Arc::new(Dedup::new(d, spec.dedup_persistent)));
     let gauges = queue::QueueGauges::new(&queues, dedup.as_ref());
+    // Each queue closes when the last stage routing into it is done (with processors, "every
+    // sender dropped" never happens upstream of a processor: it holds a sender itself). A
+    // dead-letter target stays open for its failing sink instead, and a queue no route feeds
+    // closes when every sender is gone, as before.
+    let stages = spec.sources.len() + spec.processors.len();
+    let mut inputs = inputs;
+    let mut feeds: Vec<Vec<usize>> = vec![Vec::new(); stages];
+    for r in &spec.routes {
+        for &from in r.from.iter().filter(|&&f| f < stages) {
+            feeds[from].extend(r.to.iter().copied().filter(|&t| t < inputs.len()));
+        }
+    }
+    for f in &mut feeds {
+        f.sort_unstable();
+        f.dedup();
+    }
+    let dead_letter_targets: Vec<usize> = spec.sinks.iter().filter_map(|s| s.dead_letter).collect();
+    let upstreams: Vec<Option<Arc<queue::Upstream>>> = (0..inputs.len())
+        .map(|q| {
+            let n = feeds.iter().filter(|f| f.contains(&q)).count();
+            (n > 0 && !dead_letter_targets.contains(&q)).then(|| queue::Upstream::new(n))
+        })
+        .collect();
+    for (input, up) in inputs.iter_mut().zip(&upstreams) {
+        input.upstream = up.clone();
+    }
+    let tokens: Vec<Arc<queue::StageToken>> = feeds
+        .iter()
+        .map(|f| {
+            Arc::new(queue::StageToken(
+                f.iter().filter_map(|&q| upstreams[q].clone()).collect(),
+            ))
+        })
+        .collect();
     let pipeline = Arc::new(Pipeline {
         sinks: queues,
         routes,
@@ -165,11 +218,14 @@ pub fn build(spec: &PipelineSpec) -> Built {
     let senders = spec
         .sources
         .iter()
+        .map(|n| ("source", n))
+        .chain(spec.processors.iter().map(|p| ("processor", &p.name)))
         .enumerate()
-        .map(|(i, name)| SourceSender {
+        .map(|(i, (role, name))| SourceSender {
             pipeline: pipeline.clone(),
             source: i,
-            telemetry: SourceTelemetry::new(name),
+            telemetry: SourceTelemetry::labelled(role, name),
+            _stage: tokens[i].clone(),
         })
         .collect();
     Built {
