@@ -18,7 +18,7 @@ use sluice_core::pipeline::WhenFull;
 use sluice_core::units::{ByteSize, HumanDuration};
 use yaml_serde::Value;
 
-use crate::registry::{self, DynSink, DynSource, Role};
+use crate::registry::{self, DynProcessor, DynSink, DynSource, Role};
 
 /// The embedded default configuration: a webhook on 0.0.0.0:12000 → log.
 pub const DEFAULT_CONFIG: &str = include_str!("../config/default.yaml");
@@ -188,6 +188,18 @@ pub struct SinkCommon {
 
 const SINK_COMMON_KEYS: [&str; 4] = ["queue_events", "queue_bytes", "when_full", "dead_letter"];
 
+/// Options every processor has besides its kind's: the bounds of its input queue.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessorCommon {
+    /// This processor's input queue length. Default: `pipeline.queue_events`.
+    pub queue_events: Option<usize>,
+    /// This processor's input queue bytes. Default: `pipeline.queue_bytes`.
+    pub queue_bytes: Option<ByteSize>,
+}
+
+const PROCESSOR_COMMON_KEYS: [&str; 2] = ["queue_events", "queue_bytes"];
+
 /// A match on one attribute: a string is an exact match, `{prefix: ...}` a prefix match.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -215,8 +227,16 @@ struct Top {
     pipeline: Option<Value>,
     shutdown_grace: Option<Value>,
     sources: Option<IndexMap<String, Value>>,
+    processors: Option<IndexMap<String, Value>>,
     sinks: Option<IndexMap<String, Value>>,
     routes: Option<Vec<Value>>,
+}
+
+pub struct ProcessorEntry {
+    pub name: String,
+    pub kind: &'static str,
+    pub common: ProcessorCommon,
+    pub config: Box<dyn DynProcessor>,
 }
 
 pub struct SourceEntry {
@@ -244,6 +264,12 @@ pub struct Config {
     pub shutdown_grace: std::time::Duration,
     pub sources: Vec<SourceEntry>,
     pub sinks: Vec<SinkEntry>,
+    pub processors: Vec<ProcessorEntry>,
+    /// Processor indices, each after every processor that feeds it (build in reverse, drain
+    /// in this order).
+    pub processor_order: Vec<usize>,
+    /// Routes; `from` indexes sources then processors, `to` sinks then processors (the order
+    /// of `pipeline::wiring::PipelineSpec`).
     pub routes: Vec<RouteSpec>,
 }
 
@@ -631,12 +657,18 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     let kinds = registry::kinds();
     let mut sources = Vec::new();
     let mut sinks = Vec::new();
+    let mut processors: Vec<ProcessorEntry> = Vec::new();
     let mut names: HashMap<String, &'static str> = HashMap::new();
     // Declared names, parsed or not: a route to a sink whose own config is wrong is not a
     // second error.
     let mut declared: HashMap<&'static str, Vec<String>> = HashMap::new();
     for (role, section, map) in [
         (Role::Source, "sources", top.sources.unwrap_or_default()),
+        (
+            Role::Processor,
+            "processors",
+            top.processors.unwrap_or_default(),
+        ),
         (Role::Sink, "sinks", top.sinks.unwrap_or_default()),
     ] {
         for (name, value) in map {
@@ -698,11 +730,9 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                 let hint = suggest(&kind, known.iter().copied())
                     .map(|s| format!(" (did you mean `{s}`?)"))
                     .unwrap_or_default();
-                let other_role = kinds.iter().any(|k| k.role != role && k.name == kind);
-                let extra = if other_role {
-                    format!("; `{kind}` is a {} kind, not a {}", role.other(), role)
-                } else {
-                    String::new()
+                let extra = match kinds.iter().find(|k| k.role != role && k.name == kind) {
+                    Some(k) => format!("; `{kind}` is a {} kind, not a {}", k.role, role),
+                    None => String::new(),
                 };
                 cx.err(
                     &[base.clone(), vec![seg("kind")]].concat(),
@@ -723,6 +753,28 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                     sources.push(SourceEntry {
                         name,
                         kind: entry.name,
+                        config: cfg,
+                    });
+                }
+                Role::Processor => {
+                    let mut common = Value::Mapping(Default::default());
+                    for key in PROCESSOR_COMMON_KEYS {
+                        if let (Some(v), Value::Mapping(c)) = (map.remove(key), &mut common) {
+                            c.insert(Value::String(key.into()), v);
+                        }
+                    }
+                    let common: ProcessorCommon = cx.de(common, &base).unwrap_or_default();
+                    let Some(cfg) = (entry.parse_processor)(Value::Mapping(map), &base, &mut cx)
+                    else {
+                        continue;
+                    };
+                    if let Err(msg) = cfg.validate(&name) {
+                        cx.err(&base, true, format!("{section}.{name}: {msg}"));
+                    }
+                    processors.push(ProcessorEntry {
+                        name,
+                        kind: entry.name,
+                        common,
                         config: cfg,
                     });
                 }
@@ -752,6 +804,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         }
     }
 
+    let any_processor = declared.contains_key("processors");
     let mut routes = Vec::new();
     for (i, value) in top.routes.unwrap_or_default().into_iter().enumerate() {
         let base = vec![seg("routes"), i.to_string()];
@@ -773,7 +826,12 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                         Some(idx) => out.push(idx),
                         None if all.contains(n) => {}
                         None => {
-                            let what = if field == "from" { "source" } else { "sink" };
+                            let what = match (field == "from", any_processor) {
+                                (true, false) => "source",
+                                (true, true) => "source or processor",
+                                (false, false) => "sink",
+                                (false, true) => "sink or processor",
+                            };
                             let hint = suggest(n, all.iter().map(String::as_str))
                                 .map(|s| format!(" (did you mean `{s}`?)"))
                                 .unwrap_or_default();
@@ -788,17 +846,37 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                 out
             };
         let no_names = Vec::new();
+        let declared_with = |section: &str| -> Vec<String> {
+            let mut all = declared.get(section).unwrap_or(&no_names).clone();
+            all.extend(
+                declared
+                    .get("processors")
+                    .unwrap_or(&no_names)
+                    .iter()
+                    .cloned(),
+            );
+            all
+        };
+        let processor_names = processors.iter().map(|p| p.name.as_str());
         let from = resolve(
             &r.from,
             "from",
-            sources.iter().map(|s| s.name.as_str()).collect(),
-            declared.get("sources").unwrap_or(&no_names),
+            sources
+                .iter()
+                .map(|s| s.name.as_str())
+                .chain(processor_names.clone())
+                .collect(),
+            &declared_with("sources"),
         );
         let to = resolve(
             &r.to,
             "to",
-            sinks.iter().map(|s| s.name.as_str()).collect(),
-            declared.get("sinks").unwrap_or(&no_names),
+            sinks
+                .iter()
+                .map(|s| s.name.as_str())
+                .chain(processor_names)
+                .collect(),
+            &declared_with("sinks"),
         );
         let mut matches = Vec::new();
         for (attr, m) in [
@@ -814,6 +892,24 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         }
         routes.push(RouteSpec { from, to, matches });
     }
+
+    let processor_order =
+        match processor_graph(&routes, sources.len(), sinks.len(), processors.len()) {
+            Ok(order) => order,
+            Err((route, cycle)) => {
+                let names: Vec<&str> = cycle.iter().map(|&p| processors[p].name.as_str()).collect();
+                cx.err(
+                    &[seg("routes"), route.to_string()],
+                    false,
+                    format!(
+                        "routes.{route}: closes a cycle of processors ({}); events would go round \
+                     for ever: remove one of these routes",
+                        names.join(" → ")
+                    ),
+                );
+                Vec::new()
+            }
+        };
 
     let no_names = Vec::new();
     let declared_sinks = declared.get("sinks").unwrap_or(&no_names);
@@ -882,8 +978,67 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         shutdown_grace,
         sources,
         sinks,
+        processors,
+        processor_order,
         routes,
     })
+}
+
+/// The processors in topological order (each after every processor that routes to it), or the
+/// route that closes a cycle with the processors on it (the first one again at the end).
+fn processor_graph(
+    routes: &[RouteSpec],
+    n_sources: usize,
+    n_sinks: usize,
+    n: usize,
+) -> Result<Vec<usize>, (usize, Vec<usize>)> {
+    // edges[p] = (q, route index)
+    let mut edges: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n];
+    for (i, r) in routes.iter().enumerate() {
+        for p in r.from.iter().filter_map(|&f| f.checked_sub(n_sources)) {
+            for q in r.to.iter().filter_map(|&t| t.checked_sub(n_sinks)) {
+                if p < n && q < n {
+                    edges[p].push((q, i));
+                }
+            }
+        }
+    }
+    // Depth-first: 0 unvisited, 1 on the stack, 2 done. A back edge closes a cycle.
+    fn visit(
+        p: usize,
+        edges: &[Vec<(usize, usize)>],
+        state: &mut [u8],
+        stack: &mut Vec<usize>,
+        post: &mut Vec<usize>,
+    ) -> Result<(), (usize, Vec<usize>)> {
+        state[p] = 1;
+        stack.push(p);
+        for &(q, route) in &edges[p] {
+            match state[q] {
+                0 => visit(q, edges, state, stack, post)?,
+                1 => {
+                    let from = stack.iter().position(|&x| x == q).unwrap_or(0);
+                    let mut cycle = stack[from..].to_vec();
+                    cycle.push(q);
+                    return Err((route, cycle));
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state[p] = 2;
+        post.push(p);
+        Ok(())
+    }
+    let mut state = vec![0u8; n];
+    let mut post = Vec::with_capacity(n);
+    for p in 0..n {
+        if state[p] == 0 {
+            visit(p, &edges, &mut state, &mut Vec::new(), &mut post)?;
+        }
+    }
+    post.reverse();
+    Ok(post)
 }
 
 /// Names become metric labels and log fields: keep them simple.
@@ -917,6 +1072,89 @@ mod tests {
         assert_eq!(c.sources.len(), 1);
         assert_eq!(c.sinks.len(), 1);
         assert_eq!(c.admin.listen.port(), 7777);
+    }
+
+    #[test]
+    fn processors_sit_between_routes_and_drain_in_topological_order() {
+        let text = "\
+sources:
+  hooks: { kind: webhook, listen: 127.0.0.1:1, path: / }
+processors:
+  late: { kind: set, extensions: { stage: late } }
+  early: { kind: set, subject: x, queue_events: 5 }
+sinks:
+  out: { kind: null }
+routes:
+  - { from: [early], to: [late] }
+  - { from: [hooks], to: [early] }
+  - { from: [late], to: [out] }
+";
+        let c = parse("t.yaml", text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.processors.len(), 2);
+        assert_eq!(c.processors[1].common.queue_events, Some(5));
+        // Senders: hooks = 0, late = 1, early = 2; queues: out = 0, late = 1, early = 2.
+        assert_eq!(
+            (c.routes[0].from.clone(), c.routes[0].to.clone()),
+            (vec![2], vec![1])
+        );
+        assert_eq!(
+            (c.routes[1].from.clone(), c.routes[1].to.clone()),
+            (vec![0], vec![2])
+        );
+        assert_eq!(
+            (c.routes[2].from.clone(), c.routes[2].to.clone()),
+            (vec![1], vec![0])
+        );
+        assert_eq!(c.processor_order, [1, 0], "early drains before late");
+    }
+
+    #[test]
+    fn a_cycle_of_processors_is_refused_at_the_route_that_closes_it() {
+        let text = "\
+sources:
+  hooks: { kind: webhook, listen: 127.0.0.1:1, path: / }
+processors:
+  a: { kind: set, subject: a }
+  b: { kind: set, subject: b }
+sinks:
+  out: { kind: null }
+routes:
+  - { from: [hooks], to: [a] }
+  - { from: [a], to: [b, out] }
+  - { from: [b], to: [a] }
+";
+        let e = errors(text);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("t.yaml:11:5: routes.2: closes a cycle of processors (a → b → a)"),
+            "{}",
+            e[0]
+        );
+        let self_loop = errors(&text.replace("{ from: [b], to: [a] }", "{ from: [b], to: [b] }"));
+        assert!(self_loop[0].contains("(b → b)"), "{self_loop:?}");
+    }
+
+    #[test]
+    fn processor_errors_name_the_processor() {
+        let text = "\
+processors:
+  p: { kind: sett }
+  q: { kind: log }
+  r: { kind: set }
+routes:
+  - { from: [nowhere], to: [p] }
+";
+        let e = errors(text).join("\n");
+        assert!(
+            e.contains("processors.p.kind: unknown processor kind `sett` (did you mean `set`?)"),
+            "{e}"
+        );
+        assert!(e.contains("`log` is a sink kind, not a processor"), "{e}");
+        assert!(e.contains("processors.r: nothing to set"), "{e}");
+        assert!(
+            e.contains("routes.0.from: no source or processor named `nowhere`"),
+            "{e}"
+        );
     }
 
     #[test]

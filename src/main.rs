@@ -105,16 +105,17 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Connectors => {
             for k in registry::kinds() {
-                println!("{:<6} {:<10} {}", k.role, k.name, k.description);
+                println!("{:<9} {:<10} {}", k.role, k.name, k.description);
             }
             ExitCode::SUCCESS
         }
         Command::Validate { config } => match load(config.as_deref()) {
             Ok(c) => {
                 println!(
-                    "{}: ok ({} sources, {} sinks, {} routes)",
+                    "{}: ok ({} sources, {} processors, {} sinks, {} routes)",
                     c.file,
                     c.sources.len(),
+                    c.processors.len(),
                     c.sinks.len(),
                     c.routes.len()
                 );

@@ -3,7 +3,8 @@
 use std::fmt;
 
 use sluice_core::{
-    BoxFuture, ConnectorError, Running, SinkConfig, SinkContext, SourceConfig, SourceContext,
+    BoxFuture, ConnectorError, ProcessorConfig, ProcessorContext, Running, SinkConfig, SinkContext,
+    SourceConfig, SourceContext,
 };
 use yaml_serde::Value;
 
@@ -13,22 +14,15 @@ use crate::config::Ctx;
 pub enum Role {
     Source,
     Sink,
-}
-
-impl Role {
-    pub fn other(self) -> Role {
-        match self {
-            Role::Source => Role::Sink,
-            Role::Sink => Role::Source,
-        }
-    }
+    Processor,
 }
 
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             Role::Source => "source",
             Role::Sink => "sink",
+            Role::Processor => "processor",
         })
     }
 }
@@ -75,8 +69,30 @@ impl<T: SinkConfig> DynSink for T {
     }
 }
 
+/// A parsed processor config with its type erased.
+pub trait DynProcessor: Send {
+    fn validate(&self, name: &str) -> Result<(), String>;
+    fn build(
+        self: Box<Self>,
+        ctx: ProcessorContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>>;
+}
+
+impl<T: ProcessorConfig> DynProcessor for T {
+    fn validate(&self, name: &str) -> Result<(), String> {
+        ProcessorConfig::validate(self, name)
+    }
+    fn build(
+        self: Box<Self>,
+        ctx: ProcessorContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+        ProcessorConfig::build(self, ctx)
+    }
+}
+
 type ParseSource = fn(Value, &[String], &mut Ctx<'_>) -> Option<Box<dyn DynSource>>;
 type ParseSink = fn(Value, &[String], &mut Ctx<'_>) -> Option<Box<dyn DynSink>>;
+type ParseProcessor = fn(Value, &[String], &mut Ctx<'_>) -> Option<Box<dyn DynProcessor>>;
 
 pub struct Kind {
     pub name: &'static str,
@@ -84,6 +100,7 @@ pub struct Kind {
     pub description: &'static str,
     pub(crate) parse_source: ParseSource,
     pub(crate) parse_sink: ParseSink,
+    pub(crate) parse_processor: ParseProcessor,
 }
 
 fn no_source(_: Value, _: &[String], _: &mut Ctx<'_>) -> Option<Box<dyn DynSource>> {
@@ -92,6 +109,19 @@ fn no_source(_: Value, _: &[String], _: &mut Ctx<'_>) -> Option<Box<dyn DynSourc
 
 fn no_sink(_: Value, _: &[String], _: &mut Ctx<'_>) -> Option<Box<dyn DynSink>> {
     None
+}
+
+fn no_processor(_: Value, _: &[String], _: &mut Ctx<'_>) -> Option<Box<dyn DynProcessor>> {
+    None
+}
+
+fn parse_processor<T: ProcessorConfig>(
+    v: Value,
+    base: &[String],
+    cx: &mut Ctx<'_>,
+) -> Option<Box<dyn DynProcessor>> {
+    cx.de::<T>(v, base)
+        .map(|c| Box::new(c) as Box<dyn DynProcessor>)
 }
 
 fn parse_source<T: SourceConfig>(
@@ -119,6 +149,7 @@ fn source<T: SourceConfig>(name: &'static str, description: &'static str) -> Kin
         description,
         parse_source: parse_source::<T>,
         parse_sink: no_sink,
+        parse_processor: no_processor,
     }
 }
 
@@ -130,6 +161,19 @@ fn sink<T: SinkConfig>(name: &'static str, description: &'static str) -> Kind {
         description,
         parse_source: no_source,
         parse_sink: parse_sink::<T>,
+        parse_processor: no_processor,
+    }
+}
+
+#[allow(dead_code)]
+fn processor<T: ProcessorConfig>(name: &'static str, description: &'static str) -> Kind {
+    Kind {
+        name,
+        role: Role::Processor,
+        description,
+        parse_source: no_source,
+        parse_sink: no_sink,
+        parse_processor: parse_processor::<T>,
     }
 }
 
@@ -160,6 +204,11 @@ pub fn kinds() -> Vec<Kind> {
         sink::<sluice_http::HttpSinkConfig>(
             "http",
             "HTTP trigger: CloudEvents binary/structured/batched, success codes, retries with backoff and Retry-After, mTLS",
+        ),
+        #[cfg(feature = "transform")]
+        processor::<sluice_transform::SetConfig>(
+            "set",
+            "sets type, subject and extensions from templates over the event's attributes",
         ),
         #[cfg(feature = "console")]
         sink::<sluice_console::LogConfig>("log", "one structured JSON CloudEvent per line on stdout"),

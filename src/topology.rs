@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use sluice_core::pipeline::wiring::{self, DedupConfig, PipelineSpec, SinkSpec};
+use sluice_core::pipeline::wiring::{self, DedupConfig, PipelineSpec, ProcessorSpec, SinkSpec};
 use sluice_core::state::StateStore;
-use sluice_core::{Running, Shared, SinkContext, SourceContext};
+use sluice_core::{ProcessorContext, Running, Shared, SinkContext, SourceContext};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -66,6 +66,11 @@ pub async fn run(
         .iter()
         .map(|s| ready.register(format!("source {}", s.name)))
         .collect();
+    let mut processor_flags: Vec<_> = config
+        .processors
+        .iter()
+        .map(|p| Some(ready.register(format!("processor {}", p.name))))
+        .collect();
     let admin_stop = CancellationToken::new();
     // Histogram samples are buffered until drained: drain them on a timer, or a daemon nobody
     // scrapes would grow without bound.
@@ -110,6 +115,15 @@ pub async fn run(
                 dead_letter: s.dead_letter,
             })
             .collect(),
+        processors: config
+            .processors
+            .iter()
+            .map(|pr| ProcessorSpec {
+                name: pr.name.clone(),
+                queue_events: pr.common.queue_events.unwrap_or(p.queue_events),
+                queue_bytes: pr.common.queue_bytes.unwrap_or(p.queue_bytes).bytes(),
+            })
+            .collect(),
         routes: config.routes.clone(),
         dedup: Some(DedupConfig {
             window: p.dedup_window.get(),
@@ -125,6 +139,14 @@ pub async fn run(
     }
     let built = wiring::build(&spec);
     tokio::spawn(built.gauges.run(Duration::from_secs(1)));
+    // Senders: the sources', then the processors'; inputs: the sinks', then the processors'.
+    let (n_sources, n_sinks) = (config.sources.len(), config.sinks.len());
+    let mut senders = built.senders.into_iter();
+    let source_senders: Vec<_> = senders.by_ref().take(n_sources).collect();
+    let mut processor_senders: Vec<_> = senders.map(Some).collect();
+    let mut inputs = built.inputs.into_iter();
+    let sink_inputs: Vec<_> = inputs.by_ref().take(n_sinks).collect();
+    let mut processor_inputs: Vec<_> = inputs.map(Some).collect();
 
     let dedup_stop = CancellationToken::new();
     let mut dedup_task = None;
@@ -146,7 +168,7 @@ pub async fn run(
     let source_stop = CancellationToken::new();
     let sink_stop = CancellationToken::new();
     let mut sink_tasks = Vec::new();
-    for ((entry, input), up) in config.sinks.into_iter().zip(built.inputs).zip(sink_flags) {
+    for ((entry, input), up) in config.sinks.into_iter().zip(sink_inputs).zip(sink_flags) {
         let what = format!("sink {}", entry.name);
         let ctx = SinkContext {
             name: entry.name.clone(),
@@ -163,11 +185,39 @@ pub async fn run(
         up.running();
         sink_tasks.push(supervise(what, running, up));
     }
+    // Processors downstream first, so each one's outputs run before it does.
+    let mut processors: Vec<_> = config.processors.into_iter().map(Some).collect();
+    let mut processor_tasks = Vec::new();
+    for &i in config.processor_order.iter().rev() {
+        let entry = processors[i]
+            .take()
+            .expect("each processor once in the order");
+        let up = processor_flags[i].take().expect("one flag per processor");
+        let ctx = ProcessorContext {
+            name: entry.name.clone(),
+            input: processor_inputs[i].take().expect("one input per processor"),
+            sender: processor_senders[i]
+                .take()
+                .expect("one sender per processor"),
+            grace_over: sink_stop.clone(),
+            state: store.clone(),
+            shared: shared.clone(),
+        };
+        let running = entry
+            .config
+            .build(ctx)
+            .await
+            .map_err(|e| format!("processor {} (kind {}): {e}", entry.name, entry.kind))?;
+        up.running();
+        processor_tasks.push(supervise(format!("processor {}", entry.name), running, up));
+    }
+    // Drained upstream first: the reverse of the build order.
+    processor_tasks.reverse();
     let mut source_tasks = Vec::new();
     for ((entry, sender), up) in config
         .sources
         .into_iter()
-        .zip(built.senders)
+        .zip(source_senders)
         .zip(source_flags)
     {
         let what = format!("source {}", entry.name);
@@ -203,6 +253,13 @@ pub async fn run(
     }
     drop(shared);
     let mut unfinished = Vec::new();
+    // Each processor's input ends once everything upstream of it is done; its output closes
+    // when it returns.
+    for mut t in processor_tasks {
+        if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
+            unfinished.push(t);
+        }
+    }
     for mut t in sink_tasks {
         if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
             unfinished.push(t);

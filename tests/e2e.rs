@@ -1200,3 +1200,66 @@ async fn sigterm_ends_the_process_even_when_stdout_is_blocked() {
         log.lock().unwrap()
     );
 }
+
+#[tokio::test]
+async fn a_processor_between_webhook_and_log_reshapes_and_drains() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "sources:\n  hooks: {{ kind: webhook, listen: {HOOK}, path: / }}\nprocessors:\n  tag: {{ kind: set, type: 'com.example.{{type}}', extensions: {{ region: eu, via: '{{source}}' }} }}\nsinks:\n  console: {{ kind: log }}\nroutes:\n  - {{ from: [hooks], to: [tag] }}\n  - {{ from: [tag], to: [console] }}\n"
+    );
+    let mut d = Daemon::start_with(dir.path(), &body);
+    d.wait_ready().await;
+    let ready = get(d.admin, "/readyz").await.unwrap();
+    assert_eq!(ready.0, StatusCode::OK);
+    let ce =
+        r#"{"specversion":"1.0","id":"p-1","source":"urn:shop","type":"order","data":{"n":1}}"#;
+    let (status, body) = request(
+        d.hook,
+        "POST",
+        "/",
+        &[("content-type", "application/cloudevents+json")],
+        ce.as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    let line = d.next_line();
+    assert_eq!(line["id"], "p-1");
+    assert_eq!(line["source"], "urn:shop");
+    assert_eq!(line["type"], "com.example.order");
+    assert_eq!(line["region"], "eu");
+    assert_eq!(line["via"], "urn:shop");
+    let metrics = get(d.admin, "/metrics").await.unwrap();
+    let text = String::from_utf8_lossy(&metrics.1);
+    assert_eq!(
+        metric(&text, "sluice_events_received_total{processor=\"tag\"}"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "sluice_events_delivered_total{processor=\"tag\"}"),
+        1.0
+    );
+    // SIGTERM drains through the processor: events accepted just before are delivered, exit 0.
+    let (status, _) = request(
+        d.hook,
+        "POST",
+        "/",
+        &[
+            ("content-type", "application/json"),
+            ("idempotency-key", "p-2"),
+        ],
+        b"{}",
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let (status, rest) = d.stop_collecting();
+    assert!(status.success(), "{status}");
+    assert_eq!(
+        rest.iter()
+            .map(|l| l["id"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["p-2"]
+    );
+}
