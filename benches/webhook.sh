@@ -20,7 +20,8 @@ PORT=18080
 ADMIN=17777
 
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
-command -v oha >/dev/null || cargo install oha --locked
+LATENCY=${LATENCY:-1}   # LATENCY=0: max rate only (no oha run, nor its install)
+[ "$LATENCY" = 0 ] || command -v oha >/dev/null || cargo install oha --locked
 
 cargo build --release --bin sluice >/dev/null
 BARE=$(bench_exe bare_hyper)
@@ -113,6 +114,7 @@ median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sed 's/ms$//' | sort -g | awk '{
 # Latency at half of each server's own median max rate.
 declare -A P50H P99H
 for s in bare null null-noht log; do
+  [ "$LATENCY" = 0 ] && { P50H[$s]=-; P99H[$s]=-; continue; }
   half=$(python3 -c "print(int($(median "${RPS[$s]}")/2))")
   start $s
   out=$(taskset -c "$LOAD_CPU" oha -z "$DURATION" -c "$CONNS" -q "$half" --no-tui --output-format json \
