@@ -150,5 +150,61 @@ fn uuid_like() -> String {
     format!("id-{}", N.fetch_add(1, Ordering::Relaxed))
 }
 
-criterion_group!(benches, codec, dedup);
+/// The pull-source kit: settle operations per second (goal: >= 1M/s on one core each).
+fn pull_kit(c: &mut Criterion) {
+    use futures_util::FutureExt;
+    use sluice_core::pipeline::{Outcome, Status};
+    use sluice_core::pull::{InFlight, Watermark};
+    const OPS: u64 = 1024;
+    let ready = || {
+        std::future::ready(Outcome {
+            status: Status::Delivered,
+            reason: None,
+            events: 1,
+            duplicates: 0,
+        })
+    };
+    let mut g = c.benchmark_group("pull");
+    g.throughput(Throughput::Elements(OPS));
+    // One op: a message pushed into a window of 256 and its outcome taken back.
+    g.bench_function("inflight_push_and_settle", |b| {
+        let mut w: InFlight<u64, std::future::Ready<Outcome>> =
+            InFlight::new(256, Duration::from_secs(30));
+        b.iter(|| {
+            let mut handle = 0u64;
+            for _ in 0..OPS / 256 {
+                for _ in 0..256 {
+                    handle += 1;
+                    w.push(handle, ready());
+                }
+                while let Some(Some((h, o))) = w.next().now_or_never() {
+                    black_box((h, o.status));
+                }
+            }
+        })
+    });
+    // One op: a position tracked, settled out of order (reversed in runs of 64) and released.
+    g.bench_function("watermark_push_settle_advance", |b| {
+        let mut w = Watermark::new(4096);
+        let mut pos = 0u64;
+        b.iter(|| {
+            for _ in 0..OPS / 64 {
+                let first = pos;
+                for _ in 0..64 {
+                    w.push(pos).unwrap();
+                    pos += 1;
+                }
+                for p in (first..pos).rev() {
+                    w.delivered(p);
+                }
+                black_box(w.advance(|p| {
+                    black_box(p);
+                }));
+            }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, codec, dedup, pull_kit);
 criterion_main!(benches);
