@@ -1,6 +1,8 @@
 //! What every connector's tests use: a real pipeline around one connector, a capture sink or a
 //! feeding source, and checks of the standard telemetry every connector must emit.
 
+pub mod peers;
+
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 

