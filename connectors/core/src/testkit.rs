@@ -148,6 +148,11 @@ impl Capture {
     }
 
     /// The next event, acknowledged as delivered.
+    /// The next item, or `None` once the input has ended.
+    pub async fn next_or_end(&mut self) -> Option<SinkItem> {
+        self.input.recv().await
+    }
+
     pub async fn deliver_next(&mut self) -> Event {
         let item = self.next_within(Duration::from_secs(10)).await;
         item.delivery.delivered();
@@ -288,6 +293,91 @@ impl SinkRig {
     /// Drops the feed: the sink sees the end of its input and should return.
     pub fn close(&mut self) {
         self.sender = None;
+    }
+}
+
+/// A processor under test: a feeding source → the processor's queue → the processor → a
+/// [`Capture`] sink, all through the real pipeline (ack chaining, budget, closing included).
+pub struct ProcessorRig {
+    pub grace_over: CancellationToken,
+    pub state: Arc<MemoryStateStore>,
+    feed: Option<SourceSender>,
+    context: Option<(SinkInput, SourceSender)>,
+    capture: Option<Capture>,
+}
+
+impl ProcessorRig {
+    pub fn new(processor: &str) -> Self {
+        metrics();
+        let mut spec = spec(
+            &format!("{processor}-feed"),
+            &format!("{processor}-capture"),
+            10_000,
+            WhenFull::Block,
+        );
+        spec.processors = vec![pipeline::ProcessorSpec {
+            name: processor.into(),
+            queue_events: 10_000,
+            queue_bytes: 64 << 20,
+        }];
+        // Senders: 0 = feed, 1 = processor. Queues: 0 = capture, 1 = processor.
+        spec.routes = vec![
+            RouteSpec {
+                from: vec![0],
+                to: vec![1],
+                matches: vec![],
+            },
+            RouteSpec {
+                from: vec![1],
+                to: vec![0],
+                matches: vec![],
+            },
+        ];
+        let built = pipeline::build(&spec);
+        let mut senders = built.senders.into_iter();
+        let mut inputs = built.inputs.into_iter();
+        let (feed, out) = (senders.next(), senders.next());
+        let (capture, input) = (inputs.next(), inputs.next());
+        ProcessorRig {
+            grace_over: CancellationToken::new(),
+            state: Arc::new(MemoryStateStore::default()),
+            feed,
+            context: input.zip(out),
+            capture: capture.map(|input| Capture { input }),
+        }
+    }
+
+    /// The context to pass to the processor's `build` (once).
+    pub fn context(&mut self, name: &str) -> crate::ProcessorContext {
+        let (input, sender) = self
+            .context
+            .take()
+            .expect("testkit: context() is taken once");
+        crate::ProcessorContext {
+            name: name.into(),
+            input,
+            sender,
+            grace_over: self.grace_over.clone(),
+            state: Some(self.state.clone() as Arc<dyn StateStore>),
+            shared: Shared::default(),
+        }
+    }
+
+    /// The sink after the processor (once).
+    pub fn capture(&mut self) -> Capture {
+        self.capture
+            .take()
+            .expect("testkit: capture() is taken once")
+    }
+
+    pub fn sender(&self) -> &SourceSender {
+        self.feed.as_ref().expect("testkit: the feed was closed")
+    }
+
+    /// Drops the feed: the processor sees the end of its input, finishes and returns, and the
+    /// capture sees the end of its own.
+    pub fn close(&mut self) {
+        self.feed = None;
     }
 }
 

@@ -6,6 +6,7 @@
 
 use indexmap::IndexMap;
 use serde::Deserialize;
+use sluice_core::event::CORE_ATTRIBUTES;
 use sluice_core::pipeline::{hand_off, SinkWindow, Step};
 use sluice_core::template::Template;
 use sluice_core::{
@@ -54,19 +55,9 @@ struct Set {
 impl SetConfig {
     fn compile(&self) -> Result<Set, String> {
         let check_ext = |name: &str, what: &str| -> Result<(), String> {
-            const CORE: [&str; 10] = [
-                "id",
-                "source",
-                "specversion",
-                "type",
-                "datacontenttype",
-                "dataschema",
-                "subject",
-                "time",
-                "data",
-                "data_base64",
-            ];
-            if CORE.contains(&name) {
+            let reserved =
+                CORE_ATTRIBUTES.contains(&name) || name == "data" || name == "data_base64";
+            if reserved {
                 return Err(format!(
                     "{what}: `{name}` is a core attribute, not an extension{}",
                     if name == "type" || name == "subject" {
