@@ -195,7 +195,10 @@ pub fn build(spec: &PipelineSpec) -> Built {
     let upstreams: Vec<Option<Arc<queue::Upstream>>> = (0..inputs.len())
         .map(|q| {
             let n = feeds.iter().filter(|f| f.contains(&q)).count();
-            (n > 0 && !dead_letter_targets.contains(&q)).then(|| queue::Upstream::new(n))
+            // Without processors the last sender going closes every queue: no need to watch
+            // (the watch costs a poll per receive on the hot path).
+            let watch = !spec.processors.is_empty() && n > 0 && !dead_letter_targets.contains(&q);
+            watch.then(|| queue::Upstream::new(n))
         })
         .collect();
     for (input, up) in inputs.iter_mut().zip(&upstreams) {
