@@ -893,6 +893,23 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         routes.push(RouteSpec { from, to, matches });
     }
 
+    // A processor nothing routes to would never see its input end (it holds a sender into the
+    // pipeline itself), so every stop would wait out the whole grace: refuse it.
+    for (p, proc_) in processors.iter().enumerate() {
+        let fed = routes
+            .iter()
+            .any(|r| r.to.iter().any(|&t| t == sinks.len() + p));
+        if !fed {
+            cx.err(
+                &[seg("processors"), proc_.name.clone()],
+                true,
+                format!(
+                    "processors.{}: no route sends events to it; add a route with `to: [{}]` or remove it",
+                    proc_.name, proc_.name
+                ),
+            );
+        }
+    }
     let processor_order =
         match processor_graph(&routes, sources.len(), sinks.len(), processors.len()) {
             Ok(order) => order,
@@ -1154,6 +1171,11 @@ routes:
         assert!(
             e.contains("routes.0.from: no source or processor named `nowhere`"),
             "{e}"
+        );
+        let unfed = errors("processors:\n  lone: { kind: set, subject: x }\n").join("\n");
+        assert!(
+            unfed.contains("processors.lone: no route sends events to it"),
+            "{unfed}"
         );
     }
 

@@ -294,7 +294,8 @@ fn validate_reports_every_error_and_opens_no_socket() {
     // A listen address that is taken does not matter to validate: it binds nothing.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let good = dir.path().join("good.yaml");
-    std::fs::write(&good, format!("sources:\n  h: {{ kind: webhook, listen: {} }}\nsinks:\n  o: {{ kind: log }}\nroutes:\n  - {{ from: [h], to: [o] }}\n", taken.local_addr().unwrap())).unwrap();
+    // (No admin server: the default admin port may be taken on a developer's machine.)
+    std::fs::write(&good, format!("admin: {{ enabled: false }}\nsources:\n  h: {{ kind: webhook, listen: {} }}\nsinks:\n  o: {{ kind: log }}\nroutes:\n  - {{ from: [h], to: [o] }}\n", taken.local_addr().unwrap())).unwrap();
     let out = Command::new(BIN)
         .args(["validate", "-c"])
         .arg(&good)

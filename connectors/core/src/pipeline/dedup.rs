@@ -43,6 +43,13 @@ pub fn scoped_key(scope: u64, source: &str, id: &str) -> u128 {
     h.digest128()
 }
 
+/// The dedup scope seed of an ingress source: derived from its name, not its position, so a
+/// persisted window still means the same sources after the config is reordered or grows.
+/// Never 0 (the global scope).
+pub fn ingress_seed(source_name: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(source_name.as_bytes()) | 1
+}
+
 /// Which events share a dedup window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -174,11 +181,12 @@ impl Dedup {
         }
     }
 
-    /// The key of `(source, id)` arriving through ingress source number `ingress`.
-    pub fn key(&self, ingress: usize, source: &str, id: &str) -> u128 {
+    /// The key of `(source, id)` arriving through the ingress source whose [`ingress_seed`] is
+    /// `seed`.
+    pub fn key(&self, seed: u64, source: &str, id: &str) -> u128 {
         match self.scope {
             DedupScope::Global => dedup_key(source, id),
-            DedupScope::Source => scoped_key(ingress as u64 + 1, source, id),
+            DedupScope::Source => scoped_key(seed, source, id),
         }
     }
 
@@ -261,21 +269,28 @@ impl Dedup {
         self.len() == 0
     }
 
-    /// Loads delivered keys younger than the window from `store`: at most `capacity` rows.
+    /// Loads delivered keys younger than the window from `store`: at most `capacity` of them
+    /// (the rows of the ring; rows past it, left by a larger capacity before, are skipped).
     pub fn load(&self, store: &dyn StateStore) -> Result<usize, StateError> {
         let now = now_ms();
         let mut rows = Vec::new();
-        store.scan(DEDUP_TABLE, &mut |_slot, v| {
-            if v.len() == 32 {
+        let slots = self.ring_slots;
+        store.scan(DEDUP_TABLE, &mut |slot, v| {
+            // Slots past the ring (a smaller dedup_capacity than before) are never read again.
+            let in_ring =
+                <[u8; 4]>::try_from(slot).is_ok_and(|s| u64::from(u32::from_be_bytes(s)) < slots);
+            if in_ring && v.len() == 32 {
                 let key = u128::from_be_bytes(v[..16].try_into().unwrap());
                 let at = u64::from_be_bytes(v[16..24].try_into().unwrap());
                 let seq = u64::from_be_bytes(v[24..].try_into().unwrap());
                 rows.push((seq, key, at));
             }
         })?;
-        rows.sort_unstable_by_key(|r| r.0);
         *self.ring_next.lock().unwrap_or_else(|p| p.into_inner()) =
-            rows.last().map_or(0, |r| r.0 + 1);
+            rows.iter().map(|r| r.0 + 1).max().unwrap_or(0);
+        // In the order they were recorded, as the expiry queue expects (confirm order, the
+        // ring's sequence, may differ).
+        rows.sort_unstable_by_key(|r| r.2);
         let mut loaded = 0;
         for (_, key, at) in rows {
             if at + self.window_ms <= now {
@@ -519,8 +534,9 @@ mod tests {
     #[test]
     fn scope_source_separates_ingress_sources_and_global_does_not() {
         let by_source = dedup(1000, 100);
-        assert_ne!(by_source.key(0, "s", "1"), by_source.key(1, "s", "1"));
-        assert_eq!(by_source.key(0, "s", "1"), by_source.key(0, "s", "1"));
+        let (a, b) = (ingress_seed("a"), ingress_seed("b"));
+        assert_ne!(by_source.key(a, "s", "1"), by_source.key(b, "s", "1"));
+        assert_eq!(by_source.key(a, "s", "1"), by_source.key(a, "s", "1"));
         let global = Dedup::new(
             DedupConfig {
                 window: Duration::from_secs(1),
@@ -529,7 +545,7 @@ mod tests {
             },
             false,
         );
-        assert_eq!(global.key(0, "s", "1"), global.key(1, "s", "1"));
-        assert_eq!(global.key(3, "s", "1"), dedup_key("s", "1"));
+        assert_eq!(global.key(a, "s", "1"), global.key(b, "s", "1"));
+        assert_eq!(global.key(a, "s", "1"), dedup_key("s", "1"));
     }
 }

@@ -70,6 +70,10 @@ pub struct Overloaded;
 pub struct SourceSender {
     pipeline: Arc<Pipeline>,
     source: usize,
+    /// Dedup scope seed (from the source's name); `None` for a processor's output, which is
+    /// never deduplicated again: its inputs were, at ingress, and its output keeps their
+    /// identity (a second check would find the input's own entry in flight).
+    dedup_seed: Option<u64>,
     telemetry: SourceTelemetry,
     /// Shared by this stage's senders: the last one dropped tells the queues it feeds.
     _stage: Arc<queue::StageToken>,
@@ -123,10 +127,9 @@ impl SourceSender {
 
     async fn dispatch(&self, events: Vec<Event>, opts: SendOptions) -> Pending {
         let n = events.len();
-        let dedup = if opts.skip_dedup {
-            None
-        } else {
-            self.pipeline.dedup.as_ref()
+        let dedup = match (opts.skip_dedup, self.dedup_seed) {
+            (false, Some(_)) => self.pipeline.dedup.as_ref(),
+            _ => None,
         };
         let (unit, rx) = Unit::new(n, dedup.cloned());
         let mut guard = RoutingGuard::new(unit);
@@ -182,7 +185,7 @@ impl SourceSender {
             return;
         }
         if let Some(dedup) = dedup {
-            let key = dedup.key(self.source, &event.source, &event.id);
+            let key = dedup.key(self.dedup_seed.unwrap_or(0), &event.source, &event.id);
             let now = dedup::now_ms();
             match dedup.check_at(key, now) {
                 Check::New => guard.unit.set_key(idx, key, now),
@@ -939,5 +942,50 @@ mod tests {
         assert!(out.reason.unwrap().contains("target down"));
         b.inputs[0].recv().await.unwrap().delivery.delivered();
         assert!(second.await.is_delivered());
+    }
+
+    #[tokio::test]
+    async fn a_processors_output_is_not_deduplicated_again_in_either_scope() {
+        for scope in [DedupScope::Source, DedupScope::Global] {
+            let mut sp = spec(&[("out", 10, WhenFull::Block)], vec![]);
+            sp.dedup.as_mut().unwrap().scope = scope;
+            sp.processors = vec![ProcessorSpec {
+                name: "p".into(),
+                queue_events: 10,
+                queue_bytes: 1 << 20,
+            }];
+            sp.routes = vec![
+                RouteSpec {
+                    from: vec![0],
+                    to: vec![1],
+                    matches: vec![],
+                },
+                RouteSpec {
+                    from: vec![1],
+                    to: vec![0],
+                    matches: vec![],
+                },
+            ];
+            let mut b = build(&sp);
+            let p_input = b.inputs.pop().unwrap();
+            let p_sender = b.senders.pop().unwrap();
+            tokio::spawn(pass_through(p_input, p_sender));
+            // Same (source, id) as the input, which is in flight while the output is.
+            let pending = b.senders[0].send(vec![ev("same")]).await;
+            let item = tokio::time::timeout(Duration::from_secs(2), b.inputs[0].recv())
+                .await
+                .unwrap_or_else(|_| panic!("{scope:?}: the output must be forwarded"))
+                .unwrap();
+            item.delivery.delivered();
+            let out = pending.await;
+            assert_eq!(
+                (out.status, out.duplicates),
+                (Status::Delivered, 0),
+                "{scope:?}"
+            );
+            // A retry of the input is a duplicate at ingress.
+            let again = b.senders[0].send(vec![ev("same")]).await.await;
+            assert_eq!((again.status, again.duplicates), (Status::Delivered, 1));
+        }
     }
 }

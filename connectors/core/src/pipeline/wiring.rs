@@ -227,6 +227,7 @@ pub fn build(spec: &PipelineSpec) -> Built {
         .map(|(i, (role, name))| SourceSender {
             pipeline: pipeline.clone(),
             source: i,
+            dedup_seed: (role == "source").then(|| super::dedup::ingress_seed(name)),
             telemetry: SourceTelemetry::labelled(role, name),
             _stage: tokens[i].clone(),
         })
