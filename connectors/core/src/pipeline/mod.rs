@@ -844,6 +844,24 @@ mod tests {
         }
     }
 
+    /// source → p (a pass-through processor, running) → out; returns the source's sender and
+    /// out's input in `senders[0]` and `inputs[0]`.
+    fn one_processor(scope: DedupScope) -> Built {
+        let mut sp = spec(&[("out", 10, WhenFull::Block)], vec![]);
+        sp.dedup.as_mut().unwrap().scope = scope;
+        sp.processors = vec![ProcessorSpec {
+            name: "p".into(),
+            queue_events: 10,
+            queue_bytes: 1 << 20,
+        }];
+        sp.routes = vec![route(0, 1), route(1, 0)];
+        let mut b = build(&sp);
+        let p_input = b.inputs.pop().unwrap();
+        let p_sender = b.senders.pop().unwrap();
+        tokio::spawn(pass_through(p_input, p_sender));
+        b
+    }
+
     #[tokio::test]
     async fn a_chain_of_processors_whose_queues_sum_past_the_budget_does_not_deadlock() {
         // source → p0 → p1 → p2 → p3 → sink: five queues of 4 KB each under a 10 KB budget.
@@ -905,28 +923,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_processor_input_settles_with_its_outputs_outcome() {
-        let mut sp = spec(&[("out", 10, WhenFull::Block)], vec![]);
-        sp.processors = vec![ProcessorSpec {
-            name: "p".into(),
-            queue_events: 10,
-            queue_bytes: 1 << 20,
-        }];
-        sp.routes = vec![
-            RouteSpec {
-                from: vec![0],
-                to: vec![1],
-                matches: vec![],
-            },
-            RouteSpec {
-                from: vec![1],
-                to: vec![0],
-                matches: vec![],
-            },
-        ];
-        let mut b = build(&sp);
-        let p_input = b.inputs.pop().unwrap();
-        let p_sender = b.senders.pop().unwrap();
-        tokio::spawn(pass_through(p_input, p_sender));
+        let mut b = one_processor(DedupScope::Source);
         let first = b.senders[0].send(vec![ev("1")]).await;
         let second = b.senders[0].send(vec![ev("2")]).await;
         let a = b.inputs[0].recv().await.unwrap();
@@ -947,29 +944,7 @@ mod tests {
     #[tokio::test]
     async fn a_processors_output_is_not_deduplicated_again_in_either_scope() {
         for scope in [DedupScope::Source, DedupScope::Global] {
-            let mut sp = spec(&[("out", 10, WhenFull::Block)], vec![]);
-            sp.dedup.as_mut().unwrap().scope = scope;
-            sp.processors = vec![ProcessorSpec {
-                name: "p".into(),
-                queue_events: 10,
-                queue_bytes: 1 << 20,
-            }];
-            sp.routes = vec![
-                RouteSpec {
-                    from: vec![0],
-                    to: vec![1],
-                    matches: vec![],
-                },
-                RouteSpec {
-                    from: vec![1],
-                    to: vec![0],
-                    matches: vec![],
-                },
-            ];
-            let mut b = build(&sp);
-            let p_input = b.inputs.pop().unwrap();
-            let p_sender = b.senders.pop().unwrap();
-            tokio::spawn(pass_through(p_input, p_sender));
+            let mut b = one_processor(scope);
             // Same (source, id) as the input, which is in flight while the output is.
             let pending = b.senders[0].send(vec![ev("same")]).await;
             let item = tokio::time::timeout(Duration::from_secs(2), b.inputs[0].recv())
