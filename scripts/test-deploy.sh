@@ -142,6 +142,14 @@ for n in base edge sidecar relay; do
   check "kubectl 1.31 and 1.33 kustomize $n alike" cmp "$OUT/kustomize31/$n.yaml" "$OUT/kustomize33/$n.yaml"
 done
 
+# --- The container's dependency layer stubs every workspace member --------------------------
+# (a member without its manifest and stub in the Containerfile breaks the image build, which no
+# other check here runs).
+for m in $("$PY" -c "import tomllib; print(' '.join(m for m in tomllib.load(open('Cargo.toml','rb'))['workspace']['members'] if m != '.'))"); do
+  c=${m#connectors/}
+  check "Containerfile stubs $m" bash -c 'grep -q "^COPY $1/Cargo.toml $1/" deploy/container/Containerfile && grep -Eq "for c in .*\b$2\b.*; do mkdir" deploy/container/Containerfile' _ "$m" "$c"
+done
+
 # --- Pod Security restricted + the project's rules, on every render --------------------------
 for r in "${renders[@]}"; do
   check "rules ${r#*:}" "$PY" deploy/test/check_deploy.py "${r%%:*}" "${r#*:}"
