@@ -88,12 +88,20 @@ fn load(path: Option<&std::path::Path>) -> Result<config::Config, config::Config
     config::parse(&name, &text)
 }
 
-async fn stop_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing a SIGTERM handler cannot fail on Unix");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+/// Installs the SIGTERM and SIGINT handlers now (inside the runtime, before anything starts, so a
+/// signal that arrives while the components are being built is not the default "terminate at
+/// once") and returns the future that resolves on the first of them.
+fn stop_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term =
+        signal(SignalKind::terminate()).expect("installing a SIGTERM handler cannot fail on Unix");
+    let mut int =
+        signal(SignalKind::interrupt()).expect("installing a SIGINT handler cannot fail on Unix");
+    async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
     }
 }
 
@@ -162,7 +170,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let result = rt.block_on(topology::run(cfg, metrics, stop_signal()));
+            let result = rt.block_on(async { topology::run(cfg, metrics, stop_signal()).await });
             // Never wait for ever on a blocking task (a write to a pipe nobody reads, a stuck
             // file system): what is still running after this bound is abandoned with the
             // process. Its events were already reported failed when the grace was over.
