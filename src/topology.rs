@@ -10,7 +10,9 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sluice_core::pipeline::wiring::{self, DedupConfig, PipelineSpec, ProcessorSpec, SinkSpec};
 use sluice_core::state::StateStore;
-use sluice_core::{ProcessorContext, Running, Shared, SinkContext, SourceContext};
+use sluice_core::{
+    BoxFuture, ConnectorError, ProcessorContext, Running, Shared, SinkContext, SourceContext,
+};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +36,20 @@ fn supervise(what: String, running: Running, up: Arc<Component>) -> JoinHandle<(
         up.stopped(why);
         metrics::gauge!(sluice_core::telemetry::COMPONENT_UP, "component" => what).set(0.0);
     })
+}
+
+/// Builds one component (`what` is "sink NAME" and the like) and supervises it once running.
+async fn start(
+    what: String,
+    kind: &str,
+    build: BoxFuture<'static, Result<Running, ConnectorError>>,
+    up: Arc<Component>,
+) -> Result<JoinHandle<()>, String> {
+    let running = build
+        .await
+        .map_err(|e| format!("{what} (kind {kind}): {e}"))?;
+    up.running();
+    Ok(supervise(what, running, up))
 }
 
 /// How a drain ended.
@@ -66,10 +82,10 @@ pub async fn run(
         .iter()
         .map(|s| ready.register(format!("source {}", s.name)))
         .collect();
-    let mut processor_flags: Vec<_> = config
+    let processor_flags: Vec<_> = config
         .processors
         .iter()
-        .map(|p| Some(ready.register(format!("processor {}", p.name))))
+        .map(|p| ready.register(format!("processor {}", p.name)))
         .collect();
     let admin_stop = CancellationToken::new();
     // Histogram samples are buffered until drained: drain them on a timer, or a daemon nobody
@@ -143,10 +159,10 @@ pub async fn run(
     let (n_sources, n_sinks) = (config.sources.len(), config.sinks.len());
     let mut senders = built.senders.into_iter();
     let source_senders: Vec<_> = senders.by_ref().take(n_sources).collect();
-    let mut processor_senders: Vec<_> = senders.map(Some).collect();
+    let processor_senders: Vec<_> = senders.collect();
     let mut inputs = built.inputs.into_iter();
     let sink_inputs: Vec<_> = inputs.by_ref().take(n_sinks).collect();
-    let mut processor_inputs: Vec<_> = inputs.map(Some).collect();
+    let processor_inputs: Vec<_> = inputs.collect();
 
     let dedup_stop = CancellationToken::new();
     let mut dedup_task = None;
@@ -169,7 +185,6 @@ pub async fn run(
     let sink_stop = CancellationToken::new();
     let mut sink_tasks = Vec::new();
     for ((entry, input), up) in config.sinks.into_iter().zip(sink_inputs).zip(sink_flags) {
-        let what = format!("sink {}", entry.name);
         let ctx = SinkContext {
             name: entry.name.clone(),
             input,
@@ -177,39 +192,32 @@ pub async fn run(
             state: store.clone(),
             shared: shared.clone(),
         };
-        let running = entry
-            .config
-            .build(ctx)
-            .await
-            .map_err(|e| format!("sink {} (kind {}): {e}", entry.name, entry.kind))?;
-        up.running();
-        sink_tasks.push(supervise(what, running, up));
+        let what = format!("sink {}", entry.name);
+        sink_tasks.push(start(what, entry.kind, entry.config.build(ctx), up).await?);
     }
     // Processors downstream first, so each one's outputs run before it does.
-    let mut processors: Vec<_> = config.processors.into_iter().map(Some).collect();
+    let mut processors: Vec<_> = config
+        .processors
+        .into_iter()
+        .zip(processor_flags)
+        .zip(processor_inputs.into_iter().zip(processor_senders))
+        .map(Some)
+        .collect();
     let mut processor_tasks = Vec::new();
     for &i in config.processor_order.iter().rev() {
-        let entry = processors[i]
+        let ((entry, up), (input, sender)) = processors[i]
             .take()
             .expect("each processor once in the order");
-        let up = processor_flags[i].take().expect("one flag per processor");
         let ctx = ProcessorContext {
             name: entry.name.clone(),
-            input: processor_inputs[i].take().expect("one input per processor"),
-            sender: processor_senders[i]
-                .take()
-                .expect("one sender per processor"),
+            input,
+            sender,
             grace_over: sink_stop.clone(),
             state: store.clone(),
             shared: shared.clone(),
         };
-        let running = entry
-            .config
-            .build(ctx)
-            .await
-            .map_err(|e| format!("processor {} (kind {}): {e}", entry.name, entry.kind))?;
-        up.running();
-        processor_tasks.push(supervise(format!("processor {}", entry.name), running, up));
+        let what = format!("processor {}", entry.name);
+        processor_tasks.push(start(what, entry.kind, entry.config.build(ctx), up).await?);
     }
     // Drained upstream first: the reverse of the build order.
     processor_tasks.reverse();
@@ -220,7 +228,6 @@ pub async fn run(
         .zip(source_senders)
         .zip(source_flags)
     {
-        let what = format!("source {}", entry.name);
         let ctx = SourceContext {
             name: entry.name.clone(),
             shutdown: source_stop.clone(),
@@ -228,13 +235,8 @@ pub async fn run(
             state: store.clone(),
             shared: shared.clone(),
         };
-        let running = entry
-            .config
-            .build(ctx)
-            .await
-            .map_err(|e| format!("source {} (kind {}): {e}", entry.name, entry.kind))?;
-        up.running();
-        source_tasks.push(supervise(what, running, up));
+        let what = format!("source {}", entry.name);
+        source_tasks.push(start(what, entry.kind, entry.config.build(ctx), up).await?);
     }
     tracing::info!(file = %config.file, "sluice is running");
 

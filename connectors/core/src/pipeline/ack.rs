@@ -477,11 +477,3 @@ impl std::fmt::Debug for Delivery {
             .finish()
     }
 }
-
-#[cfg(test)]
-pub(crate) mod tests_support {
-    /// Ends a hand-built unit's routing hold, as [`super::RoutingGuard::finish`] does.
-    pub(crate) fn end_routing(unit: &super::Unit) {
-        unit.end_routing();
-    }
-}

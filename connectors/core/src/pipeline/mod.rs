@@ -127,11 +127,11 @@ impl SourceSender {
 
     async fn dispatch(&self, events: Vec<Event>, opts: SendOptions) -> Pending {
         let n = events.len();
-        let dedup = match (opts.skip_dedup, self.dedup_seed) {
-            (false, Some(_)) => self.pipeline.dedup.as_ref(),
+        let dedup = match (opts.skip_dedup, self.dedup_seed, &self.pipeline.dedup) {
+            (false, Some(seed), Some(d)) => Some((d, seed)),
             _ => None,
         };
-        let (unit, rx) = Unit::new(n, dedup.cloned());
+        let (unit, rx) = Unit::new(n, dedup.map(|(d, _)| d.clone()));
         let mut guard = RoutingGuard::new(unit);
         self.telemetry.received.increment(n as u64);
         let mut targets = Vec::new();
@@ -150,7 +150,7 @@ impl SourceSender {
         &self,
         guard: &mut RoutingGuard,
         targets: &mut Vec<usize>,
-        dedup: Option<&Arc<Dedup>>,
+        dedup: Option<(&Arc<Dedup>, u64)>,
         idx: usize,
         event: Event,
     ) {
@@ -184,8 +184,8 @@ impl SourceSender {
             }
             return;
         }
-        if let Some(dedup) = dedup {
-            let key = dedup.key(self.dedup_seed.unwrap_or(0), &event.source, &event.id);
+        if let Some((dedup, seed)) = dedup {
+            let key = dedup.key(seed, &event.source, &event.id);
             let now = dedup::now_ms();
             match dedup.check_at(key, now) {
                 Check::New => guard.unit.set_key(idx, key, now),

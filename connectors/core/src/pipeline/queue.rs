@@ -438,7 +438,7 @@ mod tests {
             event: Event::new("1", "/s", "t"),
             delivery,
         });
-        super::super::ack::tests_support::end_routing(&unit);
+        super::super::ack::RoutingGuard::new(unit).finish();
         let out = tokio::time::timeout(std::time::Duration::from_secs(1), rx)
             .await
             .expect("settled at once, not when the last sender goes")
