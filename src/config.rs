@@ -757,12 +757,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                     });
                 }
                 Role::Processor => {
-                    let mut common = Value::Mapping(Default::default());
-                    for key in PROCESSOR_COMMON_KEYS {
-                        if let (Some(v), Value::Mapping(c)) = (map.remove(key), &mut common) {
-                            c.insert(Value::String(key.into()), v);
-                        }
-                    }
+                    let common = take_keys(&mut map, &PROCESSOR_COMMON_KEYS);
                     let common: ProcessorCommon = cx.de(common, &base).unwrap_or_default();
                     let Some(cfg) = (entry.parse_processor)(Value::Mapping(map), &base, &mut cx)
                     else {
@@ -779,12 +774,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                     });
                 }
                 Role::Sink => {
-                    let mut common = Value::Mapping(Default::default());
-                    for key in SINK_COMMON_KEYS {
-                        if let (Some(v), Value::Mapping(c)) = (map.remove(key), &mut common) {
-                            c.insert(Value::String(key.into()), v);
-                        }
-                    }
+                    let common = take_keys(&mut map, &SINK_COMMON_KEYS);
                     let common: SinkCommon = cx.de(common, &base).unwrap_or_default();
                     let Some(cfg) = (entry.parse_sink)(Value::Mapping(map), &base, &mut cx) else {
                         continue;
@@ -999,6 +989,18 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         processor_order,
         routes,
     })
+}
+
+/// Moves `keys` out of a connector's mapping into a mapping of their own (the options every
+/// connector of a role has, deserialized apart from the kind's own).
+fn take_keys(map: &mut yaml_serde::Mapping, keys: &[&str]) -> Value {
+    let mut common = yaml_serde::Mapping::new();
+    for key in keys {
+        if let Some(v) = map.remove(*key) {
+            common.insert(Value::String((*key).into()), v);
+        }
+    }
+    Value::Mapping(common)
 }
 
 /// The processors in topological order (each after every processor that routes to it), or the
