@@ -43,9 +43,9 @@ YAML
 
 ceil_all=""; bin_all=""; bat_all=""
 for r in $(seq 1 "$ROUNDS"); do
-  read -r ceil c_non c_p99 <<<"$(run_wrk $TARGET_PORT)"
-  start_sluice binary $CONNS;  read -r bin b_non b_p99 <<<"$(run_wrk $PORT)"; kill -TERM $spid; wait $spid 2>/dev/null || true
-  start_sluice batched ${BATCH_CONCURRENCY:-4}; read -r bat t_non t_p99 <<<"$(run_wrk $PORT)"; kill -TERM $spid; wait $spid 2>/dev/null || true
+  read -r ceil c_non c_p99 _ <<<"$(run_wrk $TARGET_PORT)"
+  start_sluice binary $CONNS;  read -r bin b_non b_p99 _ <<<"$(run_wrk $PORT)"; kill -TERM $spid; wait $spid 2>/dev/null || true
+  start_sluice batched ${BATCH_CONCURRENCY:-4}; read -r bat t_non t_p99 _ <<<"$(run_wrk $PORT)"; kill -TERM $spid; wait $spid 2>/dev/null || true
   ceil_all+="$ceil "; bin_all+="$bin "; bat_all+="$bat "
   echo "round $r: target alone $ceil req/s (p99 $c_p99) | webhook → http binary $bin events/s (p99 $b_p99, non-2xx $b_non) | webhook → http batched $bat events/s (p99 $t_p99, non-2xx $t_non)"
 done

@@ -101,11 +101,17 @@ prepare() {
 }
 
 # One wrk run against 127.0.0.1:$1/ with $work/post.lua (LOAD_PIN: a command prefix);
-# prints "req/s non-2xx p99".
+# prints "req/s non-2xx p99 wrk-cpu%" (wrk's CPU share of one core over the run).
 run_wrk() {
-  local out; out=$(LOAD_RUN="$(date +%s%N)" ${LOAD_PIN:-} wrk -t1 -c"${2:-$CONNS}" -d"${DURATION}s" --latency -s "$work/post.lua" "http://127.0.0.1:$1/" 2>&1)
-  echo "$(awk '/Requests\/sec/ {print $2}' <<<"$out") $(awk '/Non-2xx/ {n=$4} END {print n+0}' <<<"$out") $(awk '$1=="99%" {print $2}' <<<"$out")"
+  local out; out=$(LOAD_RUN="$(date +%s%N)" ${LOAD_PIN:-} /usr/bin/time -f 'LOADCPU %U %S %e' wrk -t1 -c"${2:-$CONNS}" -d"${DURATION}s" --latency -s "$work/post.lua" "http://127.0.0.1:$1/" 2>&1)
+  echo "$(awk '/Requests\/sec/ {print $2}' <<<"$out") $(awk '/Non-2xx/ {n=$4} END {print n+0}' <<<"$out") $(awk '$1=="99%" {print $2}' <<<"$out") $(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' <<<"$out")"
 }
+
+# CPU seconds (user + system) process $1 has used so far.
+cpu_of() { awk '{printf "%.2f", ($14 + $15) / '"$(getconf CLK_TCK)"'}' "/proc/$1/stat"; }
+
+# CPU share (% of one core) from two cpu_of readings $1 $2 over $3 seconds.
+cpu_pct() { python3 -c "print('%.0f' % (100*($2-$1)/$3))"; }
 
 # Runs Sluice on $work/sluice.yaml (THREADS worker threads, default 1; SERVER_PIN, e.g.
 # "taskset -c 0", as a command prefix) and waits for port $1; sets $spid.

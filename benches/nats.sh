@@ -32,7 +32,7 @@ BARE_PORT=18082
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-$BUS_PIN target/natsenv/bin/nats-server -a 127.0.0.1 -p $NATS_PORT -js -sd "$work/js" >/dev/null 2>&1 &
+$BUS_PIN target/natsenv/bin/nats-server -a 127.0.0.1 -p $NATS_PORT -js -sd "$work/js" >/dev/null 2>&1 & npid=$!
 wait_port $NATS_PORT
 make_load "$work" "$BATCH"
 cat > "$work/sluice.yaml" <<YAML
@@ -54,17 +54,26 @@ YAML
 raw_all=""; sl_all=""; comb_all=""
 start_sluice_on $PORT
 for r in $(seq 1 "$ROUNDS"); do
-  raw=$($SERVER_PIN "$RAW" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --subject bench.raw --seconds "$DURATION" --window "$WINDOW")
-  read -r rps non2xx _ <<<"$(run_wrk $PORT)"
+  # CPU (% of one core) next to every rate: the loop or Sluice, nats-server, wrk.
+  n0=$(cpu_of $npid)
+  raw=$($SERVER_PIN /usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$RAW" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --subject bench.raw --seconds "$DURATION" --window "$WINDOW")
+  raw_cpu=$(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' "$work/raw.time")
+  n1=$(cpu_of $npid); s0=$(cpu_of $spid)
+  read -r rps non2xx _ wrk_cpu <<<"$(run_wrk $PORT)"
+  n2=$(cpu_of $npid); s1=$(cpu_of $spid)
   sl=$(python3 -c "print(round($rps * $BATCH))")
+  cpu="CPU: loop $raw_cpu % with nats-server $(cpu_pct $n0 $n1 "$DURATION") %; sluice $(cpu_pct $s0 $s1 "$DURATION") %, nats-server $(cpu_pct $n1 $n2 "$DURATION") %, wrk $wrk_cpu %"
   $SERVER_PIN "$BARE" --listen 127.0.0.1:$BARE_PORT --threads 1 2>/dev/null & bpid=$!
   wait_port $BARE_PORT
-  read -r brps _ _ <<<"$(run_wrk $BARE_PORT)"
+  b0=$(cpu_of $bpid)
+  read -r brps _ _ bwrk_cpu <<<"$(run_wrk $BARE_PORT)"
+  b1=$(cpu_of $bpid)
   kill $bpid; wait $bpid 2>/dev/null || true
   # Events per second the webhook ceiling takes (requests × batch), combined with the raw loop.
   comb=$(python3 -c "w=$brps*$BATCH; p=$raw; print(round(1/(1/w+1/p)))")
   raw_all+="$raw "; sl_all+="$sl "; comb_all+="$comb "
   echo "round $r: raw publish $raw msg/s, webhook ceiling $brps req/s, combined bound $comb events/s, sluice webhook → JetStream $sl events/s ($rps req/s × $BATCH; non-2xx: $non2xx)"
+  echo "         $cpu; webhook ceiling $(cpu_pct $b0 $b1 "$DURATION") % with wrk $bwrk_cpu %"
 done
 kill -TERM $spid; wait $spid 2>/dev/null || true
 echo "against the publish ceiling:"; paired "$raw_all" "$sl_all"

@@ -64,9 +64,6 @@ if [ -n "$QUOTA" ]; then
 fi
 confine() { if [ -n "$CG" ]; then echo "$1" > "$CG/cgroup.procs"; fi; }
 
-# CPU seconds (user + system) a process has used so far.
-cpu_of() { awk '{printf "%.2f", ($14 + $15) / '"$(getconf CLK_TCK)"'}' "/proc/$1/stat"; }
-
 # start NAME → starts a server on $PORT, sets $pid
 start() {
   case $1 in
