@@ -191,6 +191,16 @@ pub fn kinds() -> Vec<Kind> {
             "cron and interval ticks with time zones, exclusion dates, catch-up, slot-derived ids",
         ),
         #[cfg(feature = "nats")]
+        source::<sluice_nats::JetStreamSourceConfig>(
+            "jetstream",
+            "JetStream durable pull consumer: ack after delivery, progress acks, nak with backoff, CloudEvents NATS binding or Argo EventBus",
+        ),
+        #[cfg(feature = "nats")]
+        source::<sluice_nats::NatsSourceConfig>(
+            "nats",
+            "core NATS subscription (queue groups; at-most-once, drops counted), CloudEvents NATS binding or Argo's NATS shape",
+        ),
+        #[cfg(feature = "nats")]
         sink::<sluice_nats::NatsConfig>(
             "nats",
             "NATS core or JetStream publish (PubAck = delivered, Nats-Msg-Id dedup), CloudEvents binding or Argo EventBus",

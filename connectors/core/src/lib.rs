@@ -2,6 +2,7 @@
 //! encodings, the acknowledged pipeline with backpressure and dedup, the connector traits, and
 //! the metric names. This crate imports no other crate of ours.
 
+pub mod argo;
 pub mod contract;
 pub mod event;
 pub mod format;

@@ -20,6 +20,12 @@ pub const DELIVERY_LATENCY: &str = "sluice_delivery_latency_seconds";
 pub const DEDUP_ENTRIES: &str = "sluice_dedup_entries";
 pub const DEDUP_EVICTIONS: &str = "sluice_dedup_evictions_total";
 pub const COMPONENT_UP: &str = "sluice_component_up";
+pub const SOURCE_IN_FLIGHT: &str = "sluice_source_in_flight";
+pub const SOURCE_SETTLED: &str = "sluice_source_settled_total";
+pub const SOURCE_REDELIVERIES: &str = "sluice_source_redeliveries_total";
+pub const SOURCE_LAG: &str = "sluice_source_lag";
+pub const SOURCE_COMMITS: &str = "sluice_source_commits_total";
+pub const SOURCE_LEASE_EXTENSIONS: &str = "sluice_source_lease_extensions_total";
 
 /// Buckets for [`DELIVERY_LATENCY`], in seconds.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -89,6 +95,59 @@ impl SinkTelemetry {
             queue_events: gauge!(QUEUE_EVENTS, role => label.clone()),
             queue_bytes: gauge!(QUEUE_BYTES, role => label.clone()),
             latency: histogram!(DELIVERY_LATENCY, role => label),
+        }
+    }
+}
+
+/// What a pull source settles upstream, by outcome (the `result` label of
+/// [`SOURCE_SETTLED`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Acknowledged: its events were delivered (SQS delete, JetStream `+ACK`, Kafka commit).
+    Ack,
+    /// Handed back for a later redelivery (nack with delay, visibility lapse).
+    Retry,
+    /// Refused for good (JetStream `+TERM`, AMQP nack without requeue → the broker's DLQ).
+    Reject,
+}
+
+/// The handles every pull source (SQS, Pub/Sub, Kafka, JetStream, AMQP, MQTT, Redis Streams)
+/// keeps besides the standard source counters: messages in flight, settle calls by outcome,
+/// redeliveries seen, lag behind the head, offset commits, lease extensions.
+#[derive(Clone)]
+pub struct PullTelemetry {
+    pub in_flight: Gauge,
+    pub acked: Counter,
+    pub retried: Counter,
+    pub rejected: Counter,
+    pub redeliveries: Counter,
+    /// Messages the upstream holds that this source has not received yet.
+    pub lag: Gauge,
+    pub commits: Counter,
+    pub lease_extensions: Counter,
+}
+
+impl PullTelemetry {
+    pub fn new(source: &str) -> Self {
+        let l = source.to_owned();
+        PullTelemetry {
+            in_flight: gauge!(SOURCE_IN_FLIGHT, "source" => l.clone()),
+            acked: counter!(SOURCE_SETTLED, "source" => l.clone(), "result" => "ack"),
+            retried: counter!(SOURCE_SETTLED, "source" => l.clone(), "result" => "retry"),
+            rejected: counter!(SOURCE_SETTLED, "source" => l.clone(), "result" => "reject"),
+            redeliveries: counter!(SOURCE_REDELIVERIES, "source" => l.clone()),
+            lag: gauge!(SOURCE_LAG, "source" => l.clone()),
+            commits: counter!(SOURCE_COMMITS, "source" => l.clone()),
+            lease_extensions: counter!(SOURCE_LEASE_EXTENSIONS, "source" => l),
+        }
+    }
+
+    /// Counts one settle call's messages.
+    pub fn settled(&self, how: Settled, n: u64) {
+        match how {
+            Settled::Ack => self.acked.increment(n),
+            Settled::Retry => self.retried.increment(n),
+            Settled::Reject => self.rejected.increment(n),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! `kind: nats` — publishes events to NATS: JetStream (acknowledged, deduplicated by
 //! `Nats-Msg-Id`) or core NATS (fire and forget after a flush).
 
+mod binding;
+mod source;
 mod subject;
 
 use std::path::PathBuf;
@@ -18,6 +20,7 @@ use sluice_core::{
     format, BoxFuture, ConnectorError, Delivery, Running, SinkConfig, SinkContext, SinkItem,
 };
 
+pub use source::{CoreFormat, Deliver, JetStreamSourceConfig, NatsSourceConfig};
 pub use subject::Template;
 
 /// How events travel (CloudEvents NATS binding).
@@ -148,7 +151,7 @@ pub struct NatsConfig {
     pub tls: Option<TlsConfig>,
 }
 
-fn default_url() -> String {
+pub(crate) fn default_url() -> String {
     "nats://127.0.0.1:4222".into()
 }
 fn default_subject() -> String {
@@ -193,31 +196,7 @@ impl SinkConfig for NatsConfig {
         if self.max_in_flight == 0 || self.max_in_flight > 4096 {
             return Err("max_in_flight must be between 1 and 4096".into());
         }
-        if let Some(a) = &self.auth {
-            let n = [
-                a.user.is_some(),
-                a.token.is_some(),
-                a.nkey.is_some(),
-                a.credentials.is_some(),
-            ]
-            .iter()
-            .filter(|x| **x)
-            .count();
-            if n != 1 {
-                return Err(
-                    "auth: give exactly one of user (with password), token, nkey, credentials"
-                        .into(),
-                );
-            }
-            if a.user.is_some() != a.password.is_some() {
-                return Err("auth: user and password go together".into());
-            }
-        }
-        if let Some(t) = &self.tls {
-            if t.cert.is_some() != t.key.is_some() {
-                return Err("tls: cert and key go together".into());
-            }
-        }
+        check_auth_tls(self.auth.as_ref(), self.tls.as_ref())?;
         Ok(())
     }
 
@@ -257,12 +236,55 @@ impl SinkConfig for NatsConfig {
     }
 }
 
+/// Checks `auth:` and `tls:` (shared by the sink and the sources).
+pub(crate) fn check_auth_tls(
+    auth: Option<&AuthConfig>,
+    tls: Option<&TlsConfig>,
+) -> Result<(), String> {
+    if let Some(a) = auth {
+        let n = [
+            a.user.is_some(),
+            a.token.is_some(),
+            a.nkey.is_some(),
+            a.credentials.is_some(),
+        ]
+        .iter()
+        .filter(|x| **x)
+        .count();
+        if n != 1 {
+            return Err(
+                "auth: give exactly one of user (with password), token, nkey, credentials".into(),
+            );
+        }
+        if a.user.is_some() != a.password.is_some() {
+            return Err("auth: user and password go together".into());
+        }
+    }
+    if let Some(t) = tls {
+        if t.cert.is_some() != t.key.is_some() {
+            return Err("tls: cert and key go together".into());
+        }
+    }
+    Ok(())
+}
+
 async fn connect(cfg: &NatsConfig) -> Result<async_nats::Client, String> {
+    connect_with(&cfg.url, cfg.auth.as_ref(), cfg.tls.as_ref(), |o| o).await
+}
+
+/// Connects with the given auth and TLS; `tune` adjusts the options (a source's buffer size,
+/// its event callback). Fails when the server cannot be reached within 10 s.
+pub(crate) async fn connect_with(
+    url: &str,
+    auth: Option<&AuthConfig>,
+    tls: Option<&TlsConfig>,
+    tune: impl FnOnce(async_nats::ConnectOptions) -> async_nats::ConnectOptions,
+) -> Result<async_nats::Client, String> {
     let mut opts = async_nats::ConnectOptions::new()
         .name("sluice")
         .retry_on_initial_connect()
         .connection_timeout(StdDuration::from_secs(5));
-    if let Some(a) = &cfg.auth {
+    if let Some(a) = auth {
         if let (Some(u), Some(p)) = (&a.user, &a.password) {
             opts = opts.user_and_password(u.clone(), p.clone());
         }
@@ -279,7 +301,7 @@ async fn connect(cfg: &NatsConfig) -> Result<async_nats::Client, String> {
                 .map_err(|e| format!("auth.credentials {}: {e}", path.display()))?;
         }
     }
-    if let Some(t) = &cfg.tls {
+    if let Some(t) = tls {
         opts = opts.require_tls(true);
         if let Some(ca) = &t.ca {
             opts = opts.add_root_certificates(ca.clone());
@@ -288,14 +310,14 @@ async fn connect(cfg: &NatsConfig) -> Result<async_nats::Client, String> {
             opts = opts.add_client_certificate(c.clone(), k.clone());
         }
     }
+    let opts = tune(opts);
     // Fail the build when the server cannot be reached at all, rather than buffering blindly.
-    let connecting = opts.connect(cfg.url.as_str());
+    let connecting = opts.connect(url);
     match tokio::time::timeout(StdDuration::from_secs(10), connecting).await {
         Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(format!("cannot connect to {}: {e}", cfg.url)),
+        Ok(Err(e)) => Err(format!("cannot connect to {url}: {e}")),
         Err(_) => Err(format!(
-            "cannot connect to {} within 10s; is the server up?",
-            cfg.url
+            "cannot connect to {url} within 10s; is the server up?"
         )),
     }
 }

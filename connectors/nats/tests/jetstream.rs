@@ -2,75 +2,17 @@
 //! pick themselves (the test script installs the pinned nats-server into target/natsenv; there
 //! is no fallback to another one).
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+mod common;
 
 use async_nats::jetstream;
 use bytes::Bytes;
+use common::Server;
 use serde_json::json;
-use sluice_core::testkit::peers::{spawn_nats, NatsProcess, Relay};
 use sluice_core::testkit::{assert_sink_telemetry, SinkRig};
 use sluice_core::{Event, SinkConfig, Status};
 use sluice_nats::{msg_id, NatsConfig};
-
-struct Server {
-    proc: NatsProcess,
-    dir: PathBuf,
-    relay: Option<Relay>,
-}
-
-impl Server {
-    fn start(dir: &Path) -> Server {
-        Server {
-            proc: spawn_nats(dir),
-            dir: dir.to_path_buf(),
-            relay: None,
-        }
-    }
-
-    /// Reached through a [`Relay`], so that it can be restarted behind the same address.
-    fn start_relayed(dir: &Path) -> Server {
-        let mut s = Server::start(dir);
-        let relay = Relay::new();
-        relay.point_at(Some(s.proc.port));
-        s.relay = Some(relay);
-        s
-    }
-
-    /// What a client is configured with: the relay's address, if any.
-    fn url(&self) -> String {
-        let port = self.relay.as_ref().map_or(self.proc.port, |r| r.port);
-        format!("nats://127.0.0.1:{port}")
-    }
-
-    /// The server itself.
-    fn direct_url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.proc.port)
-    }
-
-    fn stop(&mut self) {
-        if let Some(r) = &self.relay {
-            r.point_at(None);
-        }
-        let _ = self.proc.child.kill();
-        let _ = self.proc.child.wait();
-    }
-
-    /// Stops it and starts it again on the same store (behind the same relay).
-    fn restart(&mut self) {
-        self.stop();
-        self.proc = spawn_nats(&self.dir);
-        if let Some(r) = &self.relay {
-            r.point_at(Some(self.proc.port));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 async fn sink(name: &str, cfg: serde_json::Value) -> SinkRig {
     let cfg: NatsConfig = serde_json::from_value(cfg).unwrap();

@@ -1,0 +1,136 @@
+//! The CloudEvents NATS protocol binding, read side: binary mode (`ce-*` headers, values
+//! percent-encoded as in the HTTP binding, data as the payload) and structured mode
+//! (`Content-Type: application/cloudevents+json`). The write side lives in the sink.
+
+use async_nats::{HeaderMap, HeaderName};
+use bytes::Bytes;
+use sluice_core::event::{Event, EventError};
+use sluice_core::{format, http_binding};
+
+/// What a NATS message carries.
+pub enum Decoded {
+    /// A CloudEvent (binary or structured): passed through intact, never re-wrapped.
+    Event(Box<Event>),
+    /// Not a CloudEvent: the source wraps it.
+    Plain,
+}
+
+fn name(k: &HeaderName) -> &str {
+    k.as_ref()
+}
+
+fn content_type(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .iter()
+        .find(|(k, _)| name(k).eq_ignore_ascii_case("content-type"))
+        .and_then(|(_, v)| v.first())
+        .map(|v| v.as_str())
+}
+
+/// The content type of a plain message, if it names one.
+pub fn plain_content_type(headers: Option<&HeaderMap>) -> Option<String> {
+    headers.and_then(content_type).map(str::to_owned)
+}
+
+/// Decodes a message's headers and payload. A message with `ce-specversion` or a structured
+/// content type must be a valid CloudEvent; anything else is [`Decoded::Plain`].
+pub fn decode(headers: Option<&HeaderMap>, payload: &Bytes) -> Result<Decoded, EventError> {
+    let Some(headers) = headers else {
+        return Ok(Decoded::Plain);
+    };
+    if let Some(ct) = content_type(headers) {
+        if ct
+            .trim_start()
+            .to_ascii_lowercase()
+            .starts_with("application/cloudevents")
+        {
+            let essence = ct.split(';').next().unwrap_or("").trim();
+            if !essence.eq_ignore_ascii_case(format::STRUCTURED_CONTENT_TYPE) {
+                return Err(EventError(format!(
+                    "structured format {essence:?} is not supported (only application/cloudevents+json)"
+                )));
+            }
+            return format::decode_event(payload).map(|e| Decoded::Event(Box::new(e)));
+        }
+    }
+    let binary = headers
+        .iter()
+        .any(|(k, _)| name(k).eq_ignore_ascii_case("ce-specversion"));
+    if !binary {
+        return Ok(Decoded::Plain);
+    }
+    // Reuse the HTTP binding's rules (percent-decoding, required attributes, validation) over
+    // the same header names.
+    let mut map = http::HeaderMap::with_capacity(headers.len());
+    for (key, values) in headers.iter() {
+        let lower = self::name(key).to_ascii_lowercase();
+        let relevant = lower.starts_with("ce-") || lower == "content-type";
+        let Ok(n) = http::HeaderName::from_bytes(lower.as_bytes()) else {
+            if relevant {
+                return Err(EventError(format!("header {lower:?} is not a valid name")));
+            }
+            continue;
+        };
+        if !relevant {
+            continue;
+        }
+        for v in values {
+            let v = http::HeaderValue::from_str(v.as_str()).map_err(|_| {
+                EventError(format!(
+                    "header {lower} has a value that is not visible ASCII"
+                ))
+            })?;
+            map.append(n.clone(), v);
+        }
+    }
+    http_binding::decode_binary(&map, payload.clone()).map(|e| Decoded::Event(Box::new(e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_structured_and_plain_are_told_apart() {
+        let mut h = HeaderMap::new();
+        h.insert("ce-specversion", "1.0");
+        h.insert("ce-id", "a%20b");
+        h.insert("ce-source", "/s");
+        h.insert("ce-type", "t");
+        h.insert("ce-traceparent", "x");
+        h.insert("Content-Type", "application/json");
+        let Decoded::Event(e) = decode(Some(&h), &Bytes::from_static(b"{\"a\":1}")).unwrap() else {
+            panic!("binary")
+        };
+        assert_eq!((e.id.as_str(), e.ty.as_str()), ("a b", "t"));
+        assert_eq!(e.datacontenttype.as_deref(), Some("application/json"));
+        assert!(e.extension("traceparent").is_some());
+
+        let mut s = HeaderMap::new();
+        s.insert(
+            "content-type",
+            "application/cloudevents+json; charset=utf-8",
+        );
+        let body = Bytes::from_static(
+            br#"{"specversion":"1.0","id":"9","source":"/x","type":"y","data":{"k":2}}"#,
+        );
+        let Decoded::Event(e) = decode(Some(&s), &body).unwrap() else {
+            panic!("structured")
+        };
+        assert_eq!(e.id, "9");
+
+        let mut p = HeaderMap::new();
+        p.insert("Content-Type", "text/plain");
+        assert!(matches!(decode(Some(&p), &body).unwrap(), Decoded::Plain));
+        assert!(matches!(decode(None, &body).unwrap(), Decoded::Plain));
+
+        let mut bad = HeaderMap::new();
+        bad.insert("ce-specversion", "1.0");
+        bad.insert("ce-id", "1");
+        let err = decode(Some(&bad), &body).err().unwrap();
+        assert!(err.0.contains("ce-source"), "{err}");
+        let mut batch = HeaderMap::new();
+        batch.insert("Content-Type", "application/cloudevents-batch+json");
+        assert!(decode(Some(&batch), &body).is_err());
+    }
+}
