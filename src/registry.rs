@@ -206,6 +206,11 @@ pub fn kinds() -> Vec<Kind> {
             "NATS core or JetStream publish (PubAck = delivered, Nats-Msg-Id dedup), CloudEvents binding or Argo EventBus",
         ),
         #[cfg(feature = "kafka")]
+        source::<sluice_kafka::KafkaSourceConfig>(
+            "kafka",
+            "Kafka consumer group (cooperative rebalancing): offsets committed only up to the delivered watermark, retries with backoff, CloudEvents Kafka binding",
+        ),
+        #[cfg(feature = "kafka")]
         sink::<sluice_kafka::KafkaConfig>(
             "kafka",
             "Kafka produce (idempotent, acks=all, delivery report = delivered), CloudEvents Kafka binding, topic and key templates",

@@ -1,6 +1,8 @@
 //! `kind: kafka` — produces events to Kafka with rdkafka (bundled librdkafka): an idempotent
 //! producer with `acks=all`, where an event counts as delivered only on its delivery report.
 
+mod source;
+
 use std::time::Duration as StdDuration;
 
 use bytes::Bytes;
@@ -17,6 +19,8 @@ use sluice_core::units::HumanDuration;
 use sluice_core::{
     format, BoxFuture, ConnectorError, Delivery, Event, Running, SinkConfig, SinkContext, SinkItem,
 };
+
+pub use source::{KafkaSourceConfig, OnRejected, SourceFormat, Start};
 
 /// How events travel (CloudEvents Kafka binding).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]

@@ -1,0 +1,857 @@
+//! `kind: kafka` source: a consumer group member (cooperative rebalancing) whose offsets are
+//! committed only up to each partition's watermark — the first record whose events are not yet
+//! delivered — so nothing undelivered is ever committed.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use indexmap::IndexMap;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol, StreamConsumer,
+};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use serde::Deserialize;
+use sluice_core::event::{check_extension_name, Data, Event, EventError, ExtValue, Timestamp};
+use sluice_core::pull::{InFlight, Watermark};
+use sluice_core::telemetry::{PullTelemetry, Settled};
+use sluice_core::units::HumanDuration;
+use sluice_core::{
+    argo, kafka_binding, BoxFuture, ConnectorError, Outcome, Pending, Running, SourceConfig,
+    SourceContext, SourceSender, Status,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::PropValue;
+
+/// Where a partition starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Start {
+    /// The group's committed offset; a partition without one starts at its earliest record
+    /// (default).
+    #[default]
+    Committed,
+    /// The earliest record, the first time this process is assigned a partition (a replay:
+    /// commits are ignored at start).
+    Earliest,
+    /// The end, the first time this process is assigned a partition (the backlog is skipped).
+    Latest,
+}
+
+/// What a record whose event a sink rejected does to its partition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnRejected {
+    /// Count it, log it, commit past it (default). A sink's `dead_letter` takes it first.
+    #[default]
+    Skip,
+    /// Stop the source with an error; the commit stays before the record.
+    Stop,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceFormat {
+    /// The CloudEvents Kafka binding (binary or structured, passed through); plain records
+    /// wrapped (default).
+    #[default]
+    Cloudevents,
+    /// Argo Events' Kafka event: type `kafka`, data `{topic, key, partition, body, timestamp,
+    /// headers, metadata}`.
+    Argo,
+}
+
+/// `kind: kafka` source options.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSourceConfig {
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// Topics to consume.
+    #[serde(default)]
+    pub topics: Vec<String>,
+    /// Or: a regular expression over topic names (librdkafka's, anchored with `^`).
+    pub topic_pattern: Option<String>,
+    /// The consumer group.
+    pub group: String,
+    /// `committed` (default), `earliest` or `latest`.
+    #[serde(default)]
+    pub start: Start,
+    /// Records in flight at once, over all partitions (the pipeline's share of this source).
+    /// Default 10000.
+    #[serde(default = "default_in_flight")]
+    pub max_in_flight: usize,
+    /// Records in flight at once in one partition (the watermark's bound). Default:
+    /// `max_in_flight`.
+    pub max_in_flight_per_partition: Option<usize>,
+    /// How often advanced watermarks are committed (asynchronously). Also committed on
+    /// revoke and at shutdown (synchronously). Default 1s.
+    #[serde(default = "one_second")]
+    pub commit_interval: HumanDuration,
+    #[serde(default)]
+    pub on_rejected: OnRejected,
+    #[serde(default)]
+    pub format: SourceFormat,
+    /// `argo`: the value is JSON and goes into `data.body` as is (else base64).
+    #[serde(default)]
+    pub json_body: bool,
+    /// `argo`: `data.metadata`.
+    #[serde(default)]
+    pub metadata: std::collections::BTreeMap<String, String>,
+    /// `type` of events made from plain records. Default `kafka`.
+    #[serde(rename = "type")]
+    pub event_type: Option<String>,
+    /// `source` of events made from plain records. Default: the source's name.
+    #[serde(rename = "source")]
+    pub event_source: Option<String>,
+    /// Any librdkafka consumer property, passed through (`security.protocol`, `sasl.*`,
+    /// `ssl.*`, `fetch.max.bytes`, ...). Offsets are ours: `enable.auto.commit` and
+    /// `enable.auto.offset.store` cannot be turned on.
+    #[serde(default)]
+    pub properties: IndexMap<String, PropValue>,
+}
+
+fn default_in_flight() -> usize {
+    10_000
+}
+fn one_second() -> HumanDuration {
+    HumanDuration::from_secs(1)
+}
+
+impl KafkaSourceConfig {
+    fn per_partition(&self) -> usize {
+        self.max_in_flight_per_partition
+            .unwrap_or(self.max_in_flight)
+            .min(self.max_in_flight)
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers)
+            .set("client.id", "sluice")
+            .set("group.id", &self.group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            // Prefetch bounded in line with the window: what librdkafka holds before we take it.
+            .set(
+                "queued.min.messages",
+                self.per_partition().clamp(1, 100_000).to_string(),
+            )
+            .set("queued.max.messages.kbytes", "16384")
+            .set("statistics.interval.ms", "5000");
+        for (k, v) in &self.properties {
+            c.set(k, v.text());
+        }
+        c
+    }
+
+    fn subscription(&self) -> Vec<String> {
+        match &self.topic_pattern {
+            Some(p) => vec![if p.starts_with('^') {
+                p.clone()
+            } else {
+                format!("^{p}")
+            }],
+            None => self.topics.clone(),
+        }
+    }
+}
+
+impl SourceConfig for KafkaSourceConfig {
+    fn validate(&self, _name: &str) -> Result<(), String> {
+        if self.brokers.trim().is_empty() {
+            return Err("brokers: give at least one host:port".into());
+        }
+        match (self.topics.is_empty(), &self.topic_pattern) {
+            (true, None) => return Err("give `topics` or `topic_pattern`".into()),
+            (false, Some(_)) => return Err("give `topics` or `topic_pattern`, not both".into()),
+            _ => {}
+        }
+        if self.group.trim().is_empty() {
+            return Err("group: name the consumer group".into());
+        }
+        if self.max_in_flight == 0 || self.max_in_flight > 1_000_000 {
+            return Err("max_in_flight must be between 1 and 1000000".into());
+        }
+        if self.max_in_flight_per_partition == Some(0) {
+            return Err("max_in_flight_per_partition must be at least 1".into());
+        }
+        if self.commit_interval.get() < Duration::from_millis(10) {
+            return Err("commit_interval must be at least 10ms".into());
+        }
+        for (k, v) in &self.properties {
+            let v = v.text();
+            match k.as_str() {
+                "enable.auto.commit" | "enable.auto.offset.store" if v != "false" => {
+                    return Err(format!(
+                        "properties.{k}: the source commits offsets itself, only after delivery; it cannot be {v:?}"
+                    ))
+                }
+                "bootstrap.servers" | "metadata.broker.list" => {
+                    return Err(format!("properties.{k}: set `brokers` instead"))
+                }
+                "group.id" => return Err(format!("properties.{k}: set `group` instead")),
+                _ => {}
+            }
+        }
+        self.client_config()
+            .create::<BaseConsumer>()
+            .map(drop)
+            .map_err(|e| format!("properties: {e}"))
+    }
+
+    fn build(
+        self: Box<Self>,
+        ctx: SourceContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+        Box::pin(async move {
+            let name = ctx.name.clone();
+            let err = |m: String| ConnectorError(format!("kafka source {name}: {m}"));
+            let shared = Arc::new(Mutex::new(Partitions::default()));
+            let context = GroupContext {
+                name: name.clone(),
+                start: self.start,
+                bound: self.per_partition(),
+                shared: shared.clone(),
+                telemetry: PullTelemetry::new(&name),
+            };
+            let consumer: StreamConsumer<GroupContext> = self
+                .client_config()
+                .create_with_context(context)
+                .map_err(|e| err(format!("cannot create the consumer: {e}")))?;
+            let consumer = Arc::new(consumer);
+            let probe = consumer.clone();
+            let brokers = self.brokers.clone();
+            tokio::task::spawn_blocking(move || {
+                probe
+                    .client()
+                    .fetch_metadata(None, Duration::from_secs(10))
+                    .map(drop)
+            })
+            .await
+            .map_err(|e| err(e.to_string()))?
+            .map_err(|e| {
+                err(format!(
+                    "cannot reach the brokers {brokers} within 10s: {e}"
+                ))
+            })?;
+            let topics = self.subscription();
+            let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+            consumer
+                .subscribe(&refs)
+                .map_err(|e| err(format!("cannot subscribe to {topics:?}: {e}")))?;
+            tracing::info!(source = %name, brokers = %self.brokers, topics = ?topics, group = %self.group, "kafka source subscribed");
+            let metadata = serde_json::to_vec(&self.metadata).unwrap_or_else(|_| b"{}".to_vec());
+            let source = KafkaSource {
+                ty: self.event_type.clone().unwrap_or_else(|| "kafka".into()),
+                source: self.event_source.clone().unwrap_or_else(|| name.clone()),
+                format: self.format,
+                json_body: self.json_body,
+                metadata: Arc::from(metadata),
+                window: self.max_in_flight,
+                commit_interval: self.commit_interval.get(),
+                on_rejected: self.on_rejected,
+                telemetry: PullTelemetry::new(&name),
+                name,
+                consumer,
+                shared,
+            };
+            Ok(Box::pin(source.run(ctx)) as Running)
+        })
+    }
+}
+
+type Tp = (Arc<str>, i32);
+
+/// One assigned partition.
+struct Part {
+    wm: Watermark,
+    /// Bumped on every assignment, so outcomes of a previous assignment are ignored.
+    generation: u64,
+    /// The last offset committed (or asked to be).
+    committed: Option<u64>,
+    paused: bool,
+}
+
+#[derive(Default)]
+struct Partitions {
+    parts: HashMap<Tp, Part>,
+    /// Partitions this process was ever assigned (`start: earliest | latest` apply once).
+    seen: HashSet<Tp>,
+    generation: u64,
+    /// Some partition is paused (skip the resume scan otherwise).
+    any_paused: bool,
+}
+
+/// Serves rebalances: sets start offsets on first assignment, commits the watermark of
+/// revoked partitions synchronously before they go.
+struct GroupContext {
+    name: String,
+    start: Start,
+    bound: usize,
+    shared: Arc<Mutex<Partitions>>,
+    telemetry: PullTelemetry,
+}
+
+impl ClientContext for GroupContext {
+    /// Lag (records behind the end, summed over assigned partitions) from librdkafka's
+    /// statistics (`statistics.interval.ms`, 5s unless set in `properties`).
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let lag: i64 = statistics
+            .topics
+            .values()
+            .flat_map(|t| t.partitions.values())
+            .filter(|p| p.partition >= 0 && p.consumer_lag >= 0)
+            .map(|p| p.consumer_lag)
+            .sum();
+        self.telemetry.lag.set(lag as f64);
+    }
+}
+
+impl ConsumerContext for GroupContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+                let mut starts = Vec::new();
+                for e in tpl.elements() {
+                    let tp: Tp = (Arc::from(e.topic()), e.partition());
+                    s.generation += 1;
+                    let generation = s.generation;
+                    if s.seen.insert(tp.clone()) && self.start != Start::Committed {
+                        starts.push(tp.clone());
+                    }
+                    s.parts.insert(
+                        tp,
+                        Part {
+                            wm: Watermark::new(self.bound),
+                            generation,
+                            committed: None,
+                            paused: false,
+                        },
+                    );
+                }
+                drop(s);
+                for (t, p) in starts {
+                    let at = match self.start {
+                        Start::Latest => Offset::End,
+                        _ => Offset::Beginning,
+                    };
+                    let _ = tpl.set_partition_offset(&t, p, at);
+                }
+                tracing::info!(source = %self.name, partitions = tpl.count(), "kafka: partitions assigned");
+                let r = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                if let Err(e) = r {
+                    tracing::error!(source = %self.name, error = %e, "kafka: assignment failed");
+                }
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let mut commit = TopicPartitionList::new();
+                {
+                    let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+                    for e in tpl.elements() {
+                        let tp: Tp = (Arc::from(e.topic()), e.partition());
+                        if let Some(mut part) = s.parts.remove(&tp) {
+                            if let Some(point) = part.wm.revoke() {
+                                if part.committed != Some(point) {
+                                    let _ = commit.add_partition_offset(
+                                        &tp.0,
+                                        tp.1,
+                                        Offset::Offset(point as i64),
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+                // Lost partitions (session timeout) cannot be committed: the group moved on.
+                if commit.count() > 0 && !consumer.assignment_lost() {
+                    match consumer.commit(&commit, CommitMode::Sync) {
+                        Ok(()) => self.telemetry.commits.increment(1),
+                        Err(e) => {
+                            tracing::warn!(source = %self.name, error = %e, "kafka: commit on revoke failed; the new owner resumes from the previous commit (duplicates, no loss)")
+                        }
+                    }
+                }
+                tracing::info!(source = %self.name, partitions = tpl.count(), "kafka: partitions revoked");
+                let r = if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
+                if let Err(e) = r {
+                    tracing::error!(source = %self.name, error = %e, "kafka: unassignment failed");
+                }
+            }
+            other => {
+                tracing::error!(source = %self.name, error = ?other, "kafka: rebalance error");
+                let _ = consumer.unassign();
+            }
+        }
+    }
+}
+
+/// One record in flight.
+struct Handle {
+    tp: Tp,
+    offset: i64,
+    generation: u64,
+    /// Kept for a retry: a failed record is re-sent, not skipped.
+    event: Event,
+}
+
+/// The first attempt's outcome, or a retry after a backoff.
+enum Attempt {
+    First(Pending),
+    Retry(Pin<Box<dyn Future<Output = Outcome> + Send>>),
+}
+
+impl Future for Attempt {
+    type Output = Outcome;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        match self.get_mut() {
+            Attempt::First(p) => Pin::new(p).poll(cx),
+            Attempt::Retry(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+fn retry(sender: SourceSender, event: Event, wait: Duration, stop: CancellationToken) -> Attempt {
+    Attempt::Retry(Box::pin(async move {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => sender.send(vec![event]).await.await,
+            _ = stop.cancelled() => Outcome {
+                status: Status::Failed,
+                reason: Some("shutting down before the retry".into()),
+                events: 1,
+                duplicates: 0,
+            },
+        }
+    }))
+}
+
+/// A record received while its partition (or the window) was full: held, its partition paused.
+struct Parked {
+    tp: Tp,
+    offset: i64,
+    event: Event,
+}
+
+struct KafkaSource {
+    name: String,
+    consumer: Arc<StreamConsumer<GroupContext>>,
+    shared: Arc<Mutex<Partitions>>,
+    ty: String,
+    source: String,
+    format: SourceFormat,
+    json_body: bool,
+    metadata: Arc<[u8]>,
+    window: usize,
+    commit_interval: Duration,
+    on_rejected: OnRejected,
+    telemetry: PullTelemetry,
+}
+
+/// A header name as an extension name: lowercase letters and digits only.
+fn extension_name(key: &str) -> String {
+    key.chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
+const RESERVED: &[&str] = &[
+    "id",
+    "source",
+    "specversion",
+    "type",
+    "datacontenttype",
+    "dataschema",
+    "subject",
+    "time",
+    "data",
+    "data_base64",
+];
+
+impl KafkaSource {
+    fn to_event(&self, m: &BorrowedMessage<'_>) -> Result<Event, EventError> {
+        let headers: Vec<(&str, &[u8])> = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key, h.value.unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let payload = m.payload().map(Bytes::copy_from_slice);
+        let time = m
+            .timestamp()
+            .to_millis()
+            .and_then(chrono::DateTime::from_timestamp_millis);
+        let id = format!("{}-{}-{}", m.topic(), m.partition(), m.offset());
+        if self.format == SourceFormat::Argo {
+            let mut data = Vec::with_capacity(payload.as_ref().map_or(0, Bytes::len) + 160);
+            let head = serde_json::json!({
+                "topic": m.topic(),
+                "key": m.key().map(String::from_utf8_lossy),
+                "partition": m.partition(),
+                "timestamp": time.map(argo::go_time),
+            });
+            let head = serde_json::to_vec(&head).map_err(|e| EventError(e.to_string()))?;
+            data.extend_from_slice(&head[..head.len() - 1]);
+            data.extend_from_slice(b",\"body\":");
+            data.extend_from_slice(
+                &argo::body(payload.as_deref().unwrap_or_default(), self.json_body)
+                    .map_err(EventError)?,
+            );
+            let hmap: std::collections::BTreeMap<&str, String> = headers
+                .iter()
+                .map(|(k, v)| (*k, String::from_utf8_lossy(v).into_owned()))
+                .collect();
+            data.extend_from_slice(b",\"headers\":");
+            serde_json::to_writer(&mut data, &hmap).map_err(|e| EventError(e.to_string()))?;
+            data.extend_from_slice(b",\"metadata\":");
+            data.extend_from_slice(&self.metadata);
+            data.push(b'}');
+            return Ok(Event::new(id, &*self.source, &*self.ty)
+                .with_subject(&*self.name)
+                .with_time(Timestamp::now())
+                .with_json(data));
+        }
+        let is_ce = headers.iter().any(|(k, v)| {
+            *k == "ce_specversion"
+                || (k.eq_ignore_ascii_case("content-type")
+                    && v.len() >= 23
+                    && v[..23].eq_ignore_ascii_case(b"application/cloudevents"))
+        });
+        if is_ce {
+            return kafka_binding::decode(&headers, payload);
+        }
+        let mut e = Event::new(id, &*self.source, &*self.ty).with_subject(m.topic());
+        if let Some(t) = time {
+            e = e.with_time(Timestamp::from_utc(t));
+        }
+        if let Some(k) = m.key().and_then(|k| std::str::from_utf8(k).ok()) {
+            e.set_extension("partitionkey", ExtValue::String(k.to_owned()));
+        }
+        let mut ct = None;
+        for (k, v) in &headers {
+            if k.eq_ignore_ascii_case("content-type") {
+                ct = std::str::from_utf8(v).ok().map(str::to_owned);
+                continue;
+            }
+            let name = extension_name(k);
+            let Ok(value) = std::str::from_utf8(v) else {
+                continue;
+            };
+            if name.is_empty()
+                || RESERVED.contains(&name.as_str())
+                || check_extension_name(&name).is_err()
+                || e.extension(&name).is_some()
+            {
+                continue;
+            }
+            e.extensions
+                .push((name, ExtValue::String(value.to_owned())));
+        }
+        if let Some(p) = payload {
+            e = e.with_data(ct.clone(), Data::from_bytes(p, ct.as_deref()));
+        }
+        e.validate()?;
+        Ok(e)
+    }
+
+    fn pause(&self, tp: &Tp, pause: bool) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&tp.0, tp.1);
+        let r = if pause {
+            self.consumer.pause(&tpl)
+        } else {
+            self.consumer.resume(&tpl)
+        };
+        if let Err(e) = r {
+            tracing::debug!(source = %self.name, error = %e, "kafka: pause/resume");
+        }
+    }
+
+    /// Tracks a record and sends its event. `Err` hands it back: no room (window or
+    /// partition full), so it is parked and its partition paused.
+    async fn offer(
+        &self,
+        ctx: &SourceContext,
+        p: Parked,
+        window: &mut InFlight<Handle, Attempt>,
+    ) -> Result<(), Parked> {
+        let generation = {
+            let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
+            let Some(part) = s.parts.get_mut(&p.tp) else {
+                return Ok(()); // revoked meanwhile: the new owner reads it
+            };
+            if window.room() == 0 {
+                if !part.paused {
+                    part.paused = true;
+                    s.any_paused = true;
+                    drop(s);
+                    self.pause(&p.tp, true);
+                }
+                return Err(p);
+            }
+            match part.wm.push(p.offset as u64) {
+                Ok(true) => {}
+                Ok(false) => return Ok(()), // a position already tracked
+                Err(_) => {
+                    if !part.paused {
+                        part.paused = true;
+                        s.any_paused = true;
+                        drop(s);
+                        self.pause(&p.tp, true);
+                    }
+                    return Err(p);
+                }
+            }
+            part.generation
+        };
+        let pending = ctx.sender.send(vec![p.event.clone()]).await;
+        window.push(
+            Handle {
+                tp: p.tp,
+                offset: p.offset,
+                generation,
+                event: p.event,
+            },
+            Attempt::First(pending),
+        );
+        self.telemetry.in_flight.set(window.len() as f64);
+        Ok(())
+    }
+
+    /// Records an outcome; returns an error when `on_rejected: stop` hits.
+    fn settle(
+        &self,
+        ctx: &SourceContext,
+        h: Handle,
+        outcome: Outcome,
+        window: &mut InFlight<Handle, Attempt>,
+        stop: &CancellationToken,
+    ) -> Result<(), String> {
+        let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
+        let Some(part) = s
+            .parts
+            .get_mut(&h.tp)
+            .filter(|p| p.generation == h.generation)
+        else {
+            return Ok(()); // revoked: what was committed stays
+        };
+        let pos = h.offset as u64;
+        match outcome.status {
+            Status::Delivered => {
+                part.wm.delivered(pos);
+                self.telemetry.settled(Settled::Ack, 1);
+            }
+            Status::Rejected => match self.on_rejected {
+                OnRejected::Skip => {
+                    tracing::warn!(source = %self.name, topic = %h.tp.0, partition = h.tp.1, offset = h.offset, reason = outcome.reason.as_deref().unwrap_or(""), "kafka: a sink rejected the event; committed past it (on_rejected: skip)");
+                    part.wm.delivered(pos);
+                    self.telemetry.settled(Settled::Reject, 1);
+                }
+                OnRejected::Stop => {
+                    return Err(format!(
+                        "a sink rejected the event of {}-{} offset {} ({}); stopping with the commit before it (on_rejected: stop)",
+                        h.tp.0,
+                        h.tp.1,
+                        h.offset,
+                        outcome.reason.as_deref().unwrap_or("no reason")
+                    ));
+                }
+            },
+            Status::Failed | Status::InFlight => {
+                let attempts = part.wm.failed(pos).unwrap_or(1);
+                self.telemetry.settled(Settled::Retry, 1);
+                if stop.is_cancelled() {
+                    return Ok(()); // held: not committed, read again after the restart
+                }
+                drop(s);
+                self.telemetry.redeliveries.increment(1);
+                let wait = Watermark::backoff(attempts);
+                let event = h.event.clone();
+                window.push(h, retry(ctx.sender.clone(), event, wait, stop.clone()));
+                return Ok(());
+            }
+        }
+        let tp = h.tp.clone();
+        part.wm.advance(|_| ());
+        let resume = part.paused && !part.wm.is_full() && window.room() > 0;
+        if resume {
+            part.paused = false;
+        }
+        drop(s);
+        if resume {
+            self.pause(&tp, false);
+        }
+        Ok(())
+    }
+
+    /// Commits every partition whose commit point moved.
+    fn commit(&self, mode: CommitMode) {
+        let mut tpl = TopicPartitionList::new();
+        {
+            let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
+            for (tp, part) in s.parts.iter_mut() {
+                if let Some(point) = part.wm.commit_point() {
+                    if part.committed != Some(point) {
+                        let _ = tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(point as i64));
+                        part.committed = Some(point);
+                    }
+                }
+            }
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        match self.consumer.commit(&tpl, mode) {
+            Ok(()) => self.telemetry.commits.increment(1),
+            Err(e) => {
+                tracing::warn!(source = %self.name, error = %e, "kafka: commit failed; retried at the next interval");
+                let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
+                for e in tpl.elements() {
+                    if let Some(p) = s.parts.get_mut(&(Arc::from(e.topic()), e.partition())) {
+                        p.committed = None;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn run(self, ctx: SourceContext) -> Result<(), ConnectorError> {
+        let err = |m: String| ConnectorError(format!("kafka source {}: {m}", self.name));
+        let mut window: InFlight<Handle, Attempt> =
+            InFlight::new(self.window, Duration::from_secs(3600));
+        let mut parked: VecDeque<Parked> = VecDeque::new();
+        let mut commits = tokio::time::interval(self.commit_interval);
+        commits.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let stop = ctx.shutdown.clone();
+        let mut failure = None;
+        loop {
+            let stopping = stop.is_cancelled();
+            if stopping && window.is_empty() {
+                break;
+            }
+            // Parked records first, in order, while there is room.
+            while let Some(p) = parked.pop_front() {
+                if stopping {
+                    parked.clear(); // not tracked: read again after the restart
+                    break;
+                }
+                if let Err(p) = self.offer(&ctx, p, &mut window).await {
+                    parked.push_front(p);
+                    break;
+                }
+            }
+            if parked.is_empty() {
+                // Resume what was paused for lack of room once there is room again.
+                let mut resume = Vec::new();
+                {
+                    let mut guard = self.shared.lock().unwrap_or_else(|x| x.into_inner());
+                    let s = &mut *guard;
+                    if s.any_paused && window.room() > 0 {
+                        let mut still = false;
+                        for (tp, part) in s.parts.iter_mut() {
+                            if part.paused && !part.wm.is_full() {
+                                part.paused = false;
+                                resume.push(tp.clone());
+                            }
+                            still |= part.paused;
+                        }
+                        s.any_paused = still;
+                    }
+                }
+                for tp in resume {
+                    self.pause(&tp, false);
+                }
+            }
+            tokio::select! {
+                biased;
+                Some((h, outcome)) = window.next(), if !window.is_empty() => {
+                    if let Err(m) = self.settle(&ctx, h, outcome, &mut window, &stop) {
+                        failure = Some(m);
+                        break;
+                    }
+                    self.telemetry.in_flight.set(window.len() as f64);
+                }
+                _ = commits.tick() => self.commit(CommitMode::Async),
+                _ = stop.cancelled(), if !stopping => {}
+                // Polled even while the window is full (partitions are paused then), so the
+                // group keeps us as a member and rebalances are served.
+                m = self.consumer.recv(), if !stopping => match m {
+                    Ok(m) => {
+                        let tp: Tp = (Arc::from(m.topic()), m.partition());
+                        let offset = m.offset();
+                        match self.to_event(&m) {
+                            Ok(event) => {
+                                drop(m);
+                                let p = Parked { tp, offset, event };
+                                if !parked.is_empty() {
+                                    parked.push_back(p);
+                                } else if let Err(p) = self.offer(&ctx, p, &mut window).await {
+                                    parked.push_back(p);
+                                }
+                            }
+                            Err(e) => {
+                                drop(m);
+                                tracing::warn!(source = %self.name, topic = %tp.0, partition = tp.1, offset, error = %e, "kafka: not a valid CloudEvent; skipped (committed past)");
+                                ctx.sender.telemetry().rejected("invalid_event", 1);
+                                let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
+                                if let Some(part) = s.parts.get_mut(&tp) {
+                                    if part.wm.push(offset as u64).unwrap_or(false) {
+                                        part.wm.delivered(offset as u64);
+                                        part.wm.advance(|_| ());
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(source = %self.name, error = %e, "kafka: consumer error");
+                    }
+                },
+            }
+        }
+        // Final commit of what was delivered, then leave the group.
+        self.commit(CommitMode::Sync);
+        self.consumer.unsubscribe();
+        let result = match failure {
+            Some(m) => Err(err(m)),
+            None => Ok(()),
+        };
+        // Closing leaves the group (its revoke commits again, synchronously): it blocks, so
+        // not on a runtime worker.
+        let name = self.name.clone();
+        let consumer = self.consumer;
+        let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+        tracing::debug!(source = %name, "kafka source stopped");
+        result
+    }
+}

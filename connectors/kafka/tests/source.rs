@@ -1,0 +1,405 @@
+//! The Kafka source against librdkafka's mock cluster (real Kafka protocol on real sockets):
+//! commits never pass an undelivered record, failures are retried, a restart resumes from the
+//! commit, two members of one group share the partitions, the binding passes through.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sluice_core::testkit::{assert_source_telemetry, metric, SourceRig};
+use sluice_core::{Event, SourceConfig, Status};
+use sluice_kafka::KafkaSourceConfig;
+
+fn cluster() -> MockCluster<'static, DefaultProducerContext> {
+    MockCluster::new(1).expect("librdkafka mock cluster")
+}
+
+/// Produces `n` records round-robin over `partitions`, each with key `k<i>` and value `{"i":i}`.
+async fn produce(bootstrap: &str, topic: &str, partitions: i32, n: usize, from: usize) {
+    let p: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    for i in from..from + n {
+        let value = format!("{{\"i\":{i}}}");
+        let key = format!("k{i}");
+        p.send(
+            FutureRecord::to(topic)
+                .partition((i % partitions as usize) as i32)
+                .key(&key)
+                .payload(&value)
+                .headers(OwnedHeaders::new().insert(Header {
+                    key: "X-Trace-Id",
+                    value: Some("t-1"),
+                })),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// The group's committed offset per partition (`-1001`: none).
+fn committed(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = c.committed_offsets(tpl, Duration::from_secs(5)).unwrap();
+    (0..partitions)
+        .map(|p| match got.find_partition(topic, p).unwrap().offset() {
+            Offset::Offset(o) => o,
+            _ => -1001,
+        })
+        .collect()
+}
+
+async fn start(
+    name: &str,
+    cfg: serde_json::Value,
+    rig: &mut SourceRig,
+) -> tokio::task::JoinHandle<Result<(), sluice_core::ConnectorError>> {
+    let cfg: KafkaSourceConfig = serde_json::from_value(cfg).unwrap();
+    cfg.validate(name).expect("valid config");
+    let running = Box::new(cfg)
+        .build(rig.context(name))
+        .await
+        .expect("builds");
+    tokio::spawn(running)
+}
+
+async fn wait_committed(bootstrap: &str, group: &str, topic: &str, want: &[i64]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let (b, g, t, n) = (
+            bootstrap.to_owned(),
+            group.to_owned(),
+            topic.to_owned(),
+            want.len(),
+        );
+        let got = tokio::task::spawn_blocking(move || committed(&b, &g, &t, n as i32))
+            .await
+            .unwrap();
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "committed {got:?}, expected {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_stop_at_the_first_undelivered_record_and_failures_are_retried() {
+    let c = cluster();
+    let bs = c.bootstrap_servers();
+    c.create_topic("orders", 2, 1).unwrap();
+    produce(&bs, "orders", 2, 40, 0).await;
+    let mut rig = SourceRig::new("k-commit");
+    // The mock coordinator, unlike a broker, waits out the session timeout before it lets a
+    // new member into a group whose last member left: keep it short for the restart below.
+    let cfg = serde_json::json!({"brokers": bs, "topics": ["orders"], "group": "g-commit",
+        "commit_interval": "50ms", "properties": {"session.timeout.ms": 3000, "heartbeat.interval.ms": 500}});
+    let task = start("k-commit", cfg.clone(), &mut rig).await;
+    let mut cap = rig.capture();
+    // Hold partition 0 offset 3 (record i=6); fail i=9 (partition 1 offset 4) once; deliver
+    // everything else.
+    let mut held = None;
+    let mut failed_once = false;
+    let mut delivered = BTreeSet::new();
+    let mut first: Option<Event> = None;
+    while delivered.len() < 39 {
+        let item = cap.next_within(Duration::from_secs(15)).await;
+        let id = item.event.id.clone();
+        if first.is_none() {
+            first = Some(item.event.clone());
+        }
+        if id == "orders-0-3" && held.is_none() {
+            held = Some(item);
+            continue;
+        }
+        if id == "orders-1-4" && !failed_once {
+            failed_once = true;
+            item.delivery.failed("test: sink down");
+            continue;
+        }
+        item.delivery.delivered();
+        delivered.insert(id);
+    }
+    // Partition 1 is all delivered (the failure was retried); partition 0 stops at offset 3.
+    wait_committed(&bs, "g-commit", "orders", &[3, 20]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        tokio::task::spawn_blocking({
+            let bs = bs.clone();
+            move || committed(&bs, "g-commit", "orders", 2)
+        })
+        .await
+        .unwrap()[0],
+        3,
+        "the commit never passes the undelivered record"
+    );
+    held.unwrap().delivery.delivered();
+    wait_committed(&bs, "g-commit", "orders", &[20, 20]).await;
+
+    // A plain record: id from topic/partition/offset, key and headers as extensions.
+    let e = first.unwrap();
+    assert_eq!(e.ty, "kafka");
+    assert_eq!(e.source, "k-commit");
+    assert_eq!(e.subject.as_deref(), Some("orders"));
+    assert!(e.extension("partitionkey").is_some());
+    assert_eq!(e.extension("xtraceid").unwrap().to_canonical(), "t-1");
+    assert!(e.time.is_some());
+    assert_source_telemetry("k-commit", 41);
+    assert!(metric("sluice_source_commits_total", &[("source", "k-commit")]) >= 2.0);
+
+    // Shutdown, then a restart of the same group resumes after the commit: only new records.
+    rig.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .expect("stops")
+        .unwrap()
+        .unwrap();
+    produce(&bs, "orders", 2, 4, 40).await;
+    let mut rig = SourceRig::new("k-commit-2");
+    let _t = start("k-commit-2", cfg, &mut rig).await;
+    let mut cap = rig.capture();
+    let mut ids = BTreeSet::new();
+    for _ in 0..4 {
+        ids.insert(cap.deliver_next().await.id);
+    }
+    assert_eq!(
+        ids,
+        BTreeSet::from(
+            ["orders-0-20", "orders-0-21", "orders-1-20", "orders-1-21"].map(String::from)
+        )
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        cap.try_next().is_none(),
+        "nothing before the commit is read again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_window_bounds_records_in_flight() {
+    let c = cluster();
+    let bs = c.bootstrap_servers();
+    c.create_topic("win", 1, 1).unwrap();
+    produce(&bs, "win", 1, 30, 0).await;
+    let mut rig = SourceRig::new("k-win");
+    let _t = start(
+        "k-win",
+        serde_json::json!({"brokers": bs, "topics": ["win"], "group": "g-win", "max_in_flight": 5}),
+        &mut rig,
+    )
+    .await;
+    let mut cap = rig.capture();
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        held.push(cap.next_within(Duration::from_secs(15)).await);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        cap.try_next().is_none(),
+        "a sixth record while five are in flight"
+    );
+    assert_eq!(
+        metric("sluice_source_in_flight", &[("source", "k-win")]),
+        5.0
+    );
+    for h in held {
+        h.delivery.delivered();
+    }
+    let mut n = 5;
+    while n < 30 {
+        cap.deliver_next().await;
+        n += 1;
+    }
+    wait_committed(&bs, "g-win", "win", &[30]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_events_skip_or_stop_as_configured() {
+    let c = cluster();
+    let bs = c.bootstrap_servers();
+    c.create_topic("rej", 1, 1).unwrap();
+    produce(&bs, "rej", 1, 3, 0).await;
+    // skip: committed past the rejected record.
+    let mut rig = SourceRig::new("k-skip");
+    let _t = start(
+        "k-skip",
+        serde_json::json!({"brokers": bs, "topics": ["rej"], "group": "g-skip", "commit_interval": "50ms"}),
+        &mut rig,
+    )
+    .await;
+    let mut cap = rig.capture();
+    let first = cap.next_within(Duration::from_secs(15)).await;
+    first.delivery.rejected("test: schema mismatch");
+    cap.deliver_next().await;
+    cap.deliver_next().await;
+    wait_committed(&bs, "g-skip", "rej", &[3]).await;
+
+    // stop: the source ends with an error naming the record; the commit stays before it.
+    let mut rig = SourceRig::new("k-stop");
+    let task = start(
+        "k-stop",
+        serde_json::json!({"brokers": bs, "topics": ["rej"], "group": "g-stop", "on_rejected": "stop", "commit_interval": "50ms"}),
+        &mut rig,
+    )
+    .await;
+    let mut cap = rig.capture();
+    cap.deliver_next().await;
+    let second = cap.next_within(Duration::from_secs(15)).await;
+    second.delivery.rejected("test: schema mismatch");
+    let e = tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("kafka source k-stop: a sink rejected the event of rej-0 offset 1"),
+        "{e}"
+    );
+    wait_committed(&bs, "g-stop", "rej", &[1]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_records_pass_through_and_two_members_share_the_group() {
+    let c = cluster();
+    let bs = c.bootstrap_servers();
+    c.create_topic("ce", 4, 1).unwrap();
+    let p: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bs)
+        .create()
+        .unwrap();
+    // Binary and structured CloudEvents.
+    p.send(
+        FutureRecord::<(), _>::to("ce")
+            .partition(0)
+            .payload("{\"a\":1}")
+            .headers(
+                OwnedHeaders::new()
+                    .insert(Header {
+                        key: "ce_specversion",
+                        value: Some("1.0"),
+                    })
+                    .insert(Header {
+                        key: "ce_id",
+                        value: Some("evt-1"),
+                    })
+                    .insert(Header {
+                        key: "ce_source",
+                        value: Some("/orders"),
+                    })
+                    .insert(Header {
+                        key: "ce_type",
+                        value: Some("com.example.created"),
+                    })
+                    .insert(Header {
+                        key: "content-type",
+                        value: Some("application/json"),
+                    }),
+            ),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    p.send(
+        FutureRecord::<(), _>::to("ce")
+            .partition(1)
+            .payload(r#"{"specversion":"1.0","id":"evt-2","source":"/o","type":"t"}"#)
+            .headers(OwnedHeaders::new().insert(Header {
+                key: "content-type",
+                value: Some("application/cloudevents+json"),
+            })),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    produce(&bs, "ce", 4, 98, 0).await;
+
+    let cfg = serde_json::json!({"brokers": bs, "topics": ["ce"], "group": "g-two", "commit_interval": "50ms"});
+    let mut a = SourceRig::new("k-a");
+    let _ta = start("k-a", cfg.clone(), &mut a).await;
+    let got_a = a.capture().auto(Status::Delivered);
+    let mut b = SourceRig::new("k-b");
+    let _tb = start("k-b", cfg, &mut b).await;
+    let got_b = b.capture().auto(Status::Delivered);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let all: BTreeMap<String, Event> = loop {
+        let all: BTreeMap<String, Event> = got_a
+            .events()
+            .into_iter()
+            .chain(got_b.events())
+            .map(|e| (e.id.clone(), e))
+            .collect();
+        if all.len() == 100 {
+            break all;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of 100 distinct records",
+            all.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let e1 = &all["evt-1"];
+    assert_eq!(
+        (e1.source.as_str(), e1.ty.as_str()),
+        ("/orders", "com.example.created")
+    );
+    assert_eq!(e1.data.as_bytes().unwrap().as_ref(), b"{\"a\":1}");
+    assert_eq!(all["evt-2"].source, "/o");
+    wait_committed(&bs, "g-two", "ce", &[26, 26, 24, 24]).await;
+}
+
+#[test]
+fn config_errors_say_what_to_fix() {
+    let bad = |v: serde_json::Value| {
+        serde_json::from_value::<KafkaSourceConfig>(v)
+            .unwrap()
+            .validate("k")
+            .unwrap_err()
+    };
+    let base = |extra: serde_json::Value| {
+        let mut v = serde_json::json!({"brokers": "127.0.0.1:9092", "group": "g"});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        v
+    };
+    assert!(bad(base(serde_json::json!({})).clone()).contains("give `topics` or `topic_pattern`"));
+    assert!(bad(base(
+        serde_json::json!({"topics": ["a"], "topic_pattern": "b"})
+    ))
+    .contains("not both"));
+    assert!(bad(base(
+        serde_json::json!({"topics": ["a"], "properties": {"enable.auto.commit": true}})
+    ))
+    .contains("commits offsets itself"));
+    assert!(bad(base(
+        serde_json::json!({"topics": ["a"], "properties": {"group.id": "x"}})
+    ))
+    .contains("set `group` instead"));
+    assert!(bad(base(
+        serde_json::json!({"topics": ["a"], "properties": {"no.such.property": 1}})
+    ))
+    .starts_with("properties: "));
+    assert!(bad(base(
+        serde_json::json!({"topics": ["a"], "max_in_flight": 0})
+    ))
+    .contains("max_in_flight"));
+}
