@@ -907,6 +907,117 @@ async fn webhook_to_kafka_answers_after_the_broker_took_the_record() {
     }
 }
 
+/// The distinct `ce-id`s in a JetStream stream, and how many messages it holds.
+async fn stream_ids(url: &str, stream: &str) -> (std::collections::BTreeSet<String>, u64) {
+    let client = async_nats::connect(url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let Ok(mut stream) = js.get_stream(stream).await else {
+        return (Default::default(), 0);
+    };
+    let info = stream.info().await.unwrap().clone();
+    let mut ids = std::collections::BTreeSet::new();
+    if info.state.messages > 0 {
+        for seq in info.state.first_sequence..=info.state.last_sequence {
+            if let Ok(m) = stream.get_raw_message(seq).await {
+                ids.insert(m.headers.get("ce-id").unwrap().as_str().to_owned());
+            }
+        }
+    }
+    (ids, info.state.messages)
+}
+
+/// Kafka → JetStream relay through the binary, with `kill -9` of Sluice in the middle: after a
+/// second Sluice takes over the group, every record is in the stream, each once (offsets were
+/// committed only after the PubAck; what is sent again is dropped by `Nats-Msg-Id`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_to_jetstream_relay_survives_kill_9() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    const N: usize = 10_000;
+    let cluster = rdkafka::mocking::MockCluster::new(1).expect("librdkafka mock cluster");
+    cluster.create_topic("relay", 2, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .unwrap();
+    let sends: Vec<_> = (0..N)
+        .map(|i| {
+            let payload = format!("{{\"i\":{i}}}");
+            producer
+                .send_result(FutureRecord::<(), _>::to("relay").payload(&payload))
+                .unwrap()
+        })
+        .collect();
+    for s in sends {
+        s.await.unwrap().unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let nats = spawn_nats(&dir.path().join("js"));
+    let url = format!("nats://127.0.0.1:{}", nats.port);
+    // A short session timeout: the group gives the killed member's partitions to the second
+    // one quickly. A small window, so the kill lands with records in flight.
+    let body = format!(
+        "sources:\n  orders:\n    kind: kafka\n    brokers: {bootstrap}\n    topics: [relay]\n    group: relay\n    max_in_flight: 64\n    commit_interval: 100ms\n    properties: {{ session.timeout.ms: 3000, heartbeat.interval.ms: 500 }}\nsinks:\n  bus:\n    kind: nats\n    url: {url}\n    subject: relay.events\n    max_in_flight: 64\n    jetstream: {{ stream: RELAY, create: {{ subjects: [\"relay.>\"], duplicate_window: 10m }} }}\nroutes:\n  - {{ from: [orders], to: [bus] }}\n"
+    );
+    let mut d = Daemon::start_with(dir.path(), &body);
+    d.wait_ready().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    loop {
+        let n = match js.get_stream("RELAY").await {
+            Ok(mut s) => s.info().await.unwrap().state.messages,
+            Err(_) => 0,
+        };
+        if n >= (N / 5) as u64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the relay did not start: {n} messages"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = d.child.kill(); // SIGKILL: no drain, no final commit
+    let _ = d.child.wait();
+    let (at_kill, _) = stream_ids(&url, "RELAY").await;
+    assert!(
+        at_kill.len() < N * 3 / 4,
+        "the kill came too late to test anything: {} of {N}",
+        at_kill.len()
+    );
+
+    let dir2 = tempfile::tempdir().unwrap();
+    let mut d2 = Daemon::start_with(dir2.path(), &body);
+    d2.wait_ready().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ids = loop {
+        let (ids, n) = stream_ids(&url, "RELAY").await;
+        if ids.len() == N {
+            assert_eq!(n, N as u64, "each record once in the stream");
+            break ids;
+        }
+        if Instant::now() >= deadline {
+            let m = get(d2.admin, "/metrics")
+                .await
+                .map(|r| String::from_utf8_lossy(&r.1).into_owned())
+                .unwrap_or_default();
+            let m: Vec<&str> = m.lines().filter(|l| l.starts_with("sluice_")).collect();
+            panic!(
+                "{} of {N} records in the stream after the restart; metrics:\n{}\nlog:\n{}",
+                ids.len(),
+                m.join("\n"),
+                d2.stderr_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(ids.contains("relay-0-0") && ids.contains("relay-1-0"));
+    assert!(d2.stop().success());
+    let (_, n) = stream_ids(&url, "RELAY").await;
+    assert_eq!(n, N as u64, "nothing written twice by the drain");
+}
+
 /// Starts `sluice run` on a config with a schedule source (no ports) and returns it with its
 /// stderr piped; `env` adds variables, `NO_COLOR` is removed unless given.
 fn spawn_plain(dir: &Path, env: &[(&str, &str)]) -> Child {

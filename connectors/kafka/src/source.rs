@@ -289,8 +289,6 @@ struct Partitions {
     /// Partitions this process was ever assigned (`start: earliest | latest` apply once).
     seen: HashSet<Tp>,
     generation: u64,
-    /// Some partition is paused (skip the resume scan otherwise).
-    any_paused: bool,
 }
 
 /// Serves rebalances: sets start offsets on first assignment, commits the watermark of
@@ -367,6 +365,8 @@ impl ConsumerContext for GroupContext {
                 if let Err(e) = r {
                     tracing::error!(source = %self.name, error = %e, "kafka: assignment failed");
                 }
+                // A partition paused under a previous assignment starts unpaused (its Part is new).
+                let _ = consumer.resume(tpl);
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let mut commit = TopicPartitionList::new();
@@ -584,6 +584,23 @@ impl KafkaSource {
         Ok(e)
     }
 
+    /// Resumes a partition paused for a full watermark, once its parked records are taken.
+    fn resume(&self, tp: &Tp) {
+        let was = {
+            let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
+            match s.parts.get_mut(tp) {
+                Some(part) if part.paused => {
+                    part.paused = false;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if was {
+            self.pause(tp, false);
+        }
+    }
+
     fn pause(&self, tp: &Tp, pause: bool) {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&tp.0, tp.1);
@@ -597,8 +614,9 @@ impl KafkaSource {
         }
     }
 
-    /// Tracks a record and sends its event. `Err` hands it back: no room (window or
-    /// partition full), so it is parked and its partition paused.
+    /// Tracks a record and sends its event. `Err` hands it back: no room in the window (the
+    /// caller parks it), or its partition's watermark is full (parked, and the partition
+    /// paused until its parked records are taken).
     async fn offer(
         &self,
         ctx: &SourceContext,
@@ -611,12 +629,6 @@ impl KafkaSource {
                 return Ok(()); // revoked meanwhile: the new owner reads it
             };
             if window.room() == 0 {
-                if !part.paused {
-                    part.paused = true;
-                    s.any_paused = true;
-                    drop(s);
-                    self.pause(&p.tp, true);
-                }
                 return Err(p);
             }
             match part.wm.push(p.offset as u64) {
@@ -625,7 +637,6 @@ impl KafkaSource {
                 Err(_) => {
                     if !part.paused {
                         part.paused = true;
-                        s.any_paused = true;
                         drop(s);
                         self.pause(&p.tp, true);
                     }
@@ -701,16 +712,7 @@ impl KafkaSource {
                 return Ok(());
             }
         }
-        let tp = h.tp.clone();
         part.wm.advance(|_| ());
-        let resume = part.paused && !part.wm.is_full() && window.room() > 0;
-        if resume {
-            part.paused = false;
-        }
-        drop(s);
-        if resume {
-            self.pause(&tp, false);
-        }
         Ok(())
     }
 
@@ -749,49 +751,49 @@ impl KafkaSource {
         let err = |m: String| ConnectorError(format!("kafka source {}: {m}", self.name));
         let mut window: InFlight<Handle, Attempt> =
             InFlight::new(self.window, Duration::from_secs(3600));
-        let mut parked: VecDeque<Parked> = VecDeque::new();
+        // Records taken from librdkafka that found no room yet, per partition, in order;
+        // bounded by the window (no more are taken while it is full).
+        let mut parked: HashMap<Tp, VecDeque<Parked>> = HashMap::new();
+        let mut parked_total = 0usize;
         let mut commits = tokio::time::interval(self.commit_interval);
         commits.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let stop = ctx.shutdown.clone();
         let mut failure = None;
         loop {
             let stopping = stop.is_cancelled();
-            if stopping && window.is_empty() {
-                break;
-            }
-            // Parked records first, in order, while there is room.
-            while let Some(p) = parked.pop_front() {
-                if stopping {
-                    parked.clear(); // not tracked: read again after the restart
-                    break;
-                }
-                if let Err(p) = self.offer(&ctx, p, &mut window).await {
-                    parked.push_front(p);
+            if stopping {
+                // Parked records are not tracked: read again after the restart.
+                parked.clear();
+                parked_total = 0;
+                if window.is_empty() {
                     break;
                 }
             }
-            if parked.is_empty() {
-                // Resume what was paused for lack of room once there is room again.
-                let mut resume = Vec::new();
-                {
-                    let mut guard = self.shared.lock().unwrap_or_else(|x| x.into_inner());
-                    let s = &mut *guard;
-                    if s.any_paused && window.room() > 0 {
-                        let mut still = false;
-                        for (tp, part) in s.parts.iter_mut() {
-                            if part.paused && !part.wm.is_full() {
-                                part.paused = false;
-                                resume.push(tp.clone());
+            if parked_total > 0 && window.room() > 0 {
+                let keys: Vec<Tp> = parked.keys().cloned().collect();
+                for tp in keys {
+                    let q = parked.get_mut(&tp).expect("a parked partition");
+                    while let Some(p) = q.pop_front() {
+                        match self.offer(&ctx, p, &mut window).await {
+                            Ok(()) => parked_total -= 1,
+                            Err(p) => {
+                                q.push_front(p);
+                                break;
                             }
-                            still |= part.paused;
                         }
-                        s.any_paused = still;
+                    }
+                    if q.is_empty() {
+                        parked.remove(&tp);
+                        self.resume(&tp);
+                    }
+                    if window.room() == 0 {
+                        break;
                     }
                 }
-                for tp in resume {
-                    self.pause(&tp, false);
-                }
             }
+            // Records are taken from librdkafka only while there is room: its prefetch
+            // (queued.min.messages, queued.max.messages.kbytes) holds the rest.
+            let pulling = !stopping && window.room() > 0 && parked_total < self.window;
             tokio::select! {
                 biased;
                 Some((h, outcome)) = window.next(), if !window.is_empty() => {
@@ -803,9 +805,7 @@ impl KafkaSource {
                 }
                 _ = commits.tick() => self.commit(CommitMode::Async),
                 _ = stop.cancelled(), if !stopping => {}
-                // Polled even while the window is full (partitions are paused then), so the
-                // group keeps us as a member and rebalances are served.
-                m = self.consumer.recv(), if !stopping => match m {
+                m = self.consumer.recv(), if pulling => match m {
                     Ok(m) => {
                         let tp: Tp = (Arc::from(m.topic()), m.partition());
                         let offset = m.offset();
@@ -813,10 +813,17 @@ impl KafkaSource {
                             Ok(event) => {
                                 drop(m);
                                 let p = Parked { tp, offset, event };
-                                if !parked.is_empty() {
-                                    parked.push_back(p);
-                                } else if let Err(p) = self.offer(&ctx, p, &mut window).await {
-                                    parked.push_back(p);
+                                let p = match parked.get_mut(&p.tp) {
+                                    Some(q) => {
+                                        q.push_back(p);
+                                        parked_total += 1;
+                                        continue;
+                                    }
+                                    None => p,
+                                };
+                                if let Err(p) = self.offer(&ctx, p, &mut window).await {
+                                    parked.entry(p.tp.clone()).or_default().push_back(p);
+                                    parked_total += 1;
                                 }
                             }
                             Err(e) => {

@@ -24,22 +24,22 @@ async fn produce(bootstrap: &str, topic: &str, partitions: i32, n: usize, from: 
         .set("bootstrap.servers", bootstrap)
         .create()
         .unwrap();
+    let mut sends = Vec::with_capacity(n);
     for i in from..from + n {
         let value = format!("{{\"i\":{i}}}");
         let key = format!("k{i}");
-        p.send(
-            FutureRecord::to(topic)
-                .partition((i % partitions as usize) as i32)
-                .key(&key)
-                .payload(&value)
-                .headers(OwnedHeaders::new().insert(Header {
-                    key: "X-Trace-Id",
-                    value: Some("t-1"),
-                })),
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
+        let record = FutureRecord::to(topic)
+            .partition((i % partitions as usize) as i32)
+            .key(&key)
+            .payload(&value)
+            .headers(OwnedHeaders::new().insert(Header {
+                key: "X-Trace-Id",
+                value: Some("t-1"),
+            }));
+        sends.push(p.send_result(record).map_err(|(e, _)| e).unwrap());
+    }
+    for s in sends {
+        s.await.unwrap().unwrap();
     }
 }
 
