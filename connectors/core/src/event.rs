@@ -337,6 +337,15 @@ impl Event {
     }
 }
 
+/// Checks the `source` and `type` a source puts on the events it makes from plain messages
+/// (its `source:` / `type:` options or their defaults), once at `validate`, so that a bad value
+/// is a config error instead of every message failing later.
+pub fn check_source_and_type(source: &str, ty: &str) -> Result<(), String> {
+    Event::new("probe", source, ty)
+        .validate()
+        .map_err(|e| format!("type or source: {e}"))
+}
+
 /// Extension and attribute names: lowercase ASCII letters and digits, 1 to 20 characters.
 pub fn check_extension_name(name: &str) -> Result<(), EventError> {
     let ok = !name.is_empty()

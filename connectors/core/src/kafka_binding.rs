@@ -10,14 +10,17 @@ use crate::format::{self, STRUCTURED_CONTENT_TYPE};
 /// Decodes a Kafka record's headers and payload into an event. Header names are matched
 /// case-sensitively, as Kafka header keys are.
 pub fn decode(headers: &[(&str, &[u8])], payload: Option<Bytes>) -> Result<Event, EventError> {
-    let get = |name: &str| headers.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
     let utf8 = |name: &str, v: &[u8]| {
         std::str::from_utf8(v)
             .map(str::to_owned)
             .map_err(|_| EventError(format!("header {name} is not UTF-8")))
     };
-    let content_type = get("content-type")
-        .map(|v| utf8("content-type", v))
+    // Header keys are case-sensitive in Kafka; `content-type` is matched in any case, since
+    // producers write `Content-Type` too.
+    let content_type = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        .map(|(_, v)| utf8("content-type", v))
         .transpose()?;
     if let Some(ct) = &content_type {
         if ct

@@ -3,6 +3,9 @@
 //! values. Prints delivered records per second.
 //!
 //! cargo run --release -p sluice-kafka --example produce_loop -- --brokers HOST:PORT --topic bench --seconds 8 --window 10000
+//!
+//! With `--count N` it stops after N records were sent (to preload a topic for the consumer
+//! benchmarks) instead of after `--seconds`; `--partitions P` spreads them evenly.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +25,9 @@ fn main() {
     let topic = arg("--topic").unwrap_or_else(|| "bench".into());
     let seconds: u64 = arg("--seconds").map_or(8, |s| s.parse().unwrap());
     let window: usize = arg("--window").map_or(10_000, |s| s.parse().unwrap());
+    let count: Option<u64> = arg("--count").map(|s| s.parse().unwrap());
+    // With --partitions P, record n goes to partition n % P (an even preload).
+    let partitions: Option<i32> = arg("--partitions").map(|s| s.parse().unwrap());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -39,7 +45,7 @@ fn main() {
         let started = Instant::now();
         let deadline = started + Duration::from_secs(seconds);
         let (mut ok, mut n) = (0u64, 0u64);
-        while Instant::now() < deadline {
+        while count.map_or(Instant::now() < deadline, |c| n < c) {
             if pending.len() >= window {
                 if let Some(Ok(Ok(_))) = pending.next().await {
                     ok += 1;
@@ -47,11 +53,23 @@ fn main() {
             }
             let key = format!("k{}", n % 64);
             n += 1;
-            match producer.send_result(FutureRecord::to(&topic).key(&key).payload(&payload)) {
-                Ok(f) => pending.push(f),
-                Err(_) => {
-                    if let Some(Ok(Ok(_))) = pending.next().await {
-                        ok += 1;
+            // A full librdkafka queue hands the record back: wait for one report, send it again
+            // (with --count, exactly that many records are sent).
+            let mut record = FutureRecord::to(&topic).key(&key).payload(&payload);
+            if let Some(p) = partitions {
+                record = record.partition(((n - 1) % p as u64) as i32);
+            }
+            loop {
+                match producer.send_result(record) {
+                    Ok(f) => {
+                        pending.push(f);
+                        break;
+                    }
+                    Err((_, back)) => {
+                        record = back;
+                        if let Some(Ok(Ok(_))) = pending.next().await {
+                            ok += 1;
+                        }
                     }
                 }
             }
@@ -60,6 +78,10 @@ fn main() {
             if let Ok(Ok(_)) = r {
                 ok += 1;
             }
+        }
+        if count.is_some() && ok != n {
+            eprintln!("produce_loop: {} of {n} records were not delivered", n - ok);
+            std::process::exit(1);
         }
         println!("{:.0}", ok as f64 / started.elapsed().as_secs_f64());
     });

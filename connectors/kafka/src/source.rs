@@ -168,7 +168,11 @@ impl KafkaSourceConfig {
 }
 
 impl SourceConfig for KafkaSourceConfig {
-    fn validate(&self, _name: &str) -> Result<(), String> {
+    fn validate(&self, name: &str) -> Result<(), String> {
+        sluice_core::event::check_source_and_type(
+            self.event_source.as_deref().unwrap_or(name),
+            self.event_type.as_deref().unwrap_or("kafka"),
+        )?;
         if self.brokers.trim().is_empty() {
             return Err("brokers: give at least one host:port".into());
         }

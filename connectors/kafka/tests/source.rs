@@ -321,8 +321,9 @@ async fn cloudevents_records_pass_through_and_two_members_share_the_group() {
         FutureRecord::<(), _>::to("ce")
             .partition(1)
             .payload(r#"{"specversion":"1.0","id":"evt-2","source":"/o","type":"t"}"#)
+            // Written as `Content-Type` by some producers: matched in any case.
             .headers(OwnedHeaders::new().insert(Header {
-                key: "content-type",
+                key: "Content-Type",
                 value: Some("application/cloudevents+json"),
             })),
         Duration::from_secs(5),
@@ -402,4 +403,9 @@ fn config_errors_say_what_to_fix() {
         serde_json::json!({"topics": ["a"], "max_in_flight": 0})
     ))
     .contains("max_in_flight"));
+    // A `source` that would make every plain record an invalid event is a config error.
+    assert!(bad(base(
+        serde_json::json!({"topics": ["a"], "source": "not a uri"})
+    ))
+    .contains("type or source"));
 }

@@ -128,6 +128,10 @@ impl SourceConfig for JetStreamSourceConfig {
         if self.max_deliver.is_some_and(|n| n == 0 || n < -1) {
             return Err("max_deliver must be at least 1 (or -1: unlimited)".into());
         }
+        sluice_core::event::check_source_and_type(
+            self.event_source.as_deref().unwrap_or(name),
+            self.event_type.as_deref().unwrap_or("jetstream"),
+        )?;
         check_auth_tls(self.auth.as_ref(), self.tls.as_ref())
     }
 
@@ -338,10 +342,18 @@ impl JetStreamSource {
         tracing::info!(source = %self.name, stream = %self.stream, "jetstream: consuming");
         loop {
             if ctx.shutdown.is_cancelled() && messages.is_some() {
-                // Stop pulling; what was received but not sent goes back at once.
-                messages = None;
+                // Stop pulling; what was received but not sent goes back at once: the one
+                // waiting for room, and what the client already fetched.
                 if let Some(r) = stalled.take() {
                     self.ack(r.h.reply, AckKind::Nak(None)).await;
+                }
+                if let Some(mut m) = messages.take() {
+                    while let Some(Some(Ok(msg))) = futures_util::FutureExt::now_or_never(m.next())
+                    {
+                        if let Some(reply) = msg.message.reply.clone() {
+                            self.ack(reply, AckKind::Nak(None)).await;
+                        }
+                    }
                 }
             }
             if messages.is_none() && window.is_empty() {
@@ -360,6 +372,10 @@ impl JetStreamSource {
                 _ = leases.tick() => {
                     let mut due = Vec::new();
                     window.extend_leases(self.ack_wait / 2, |h| due.push(h.reply.clone()));
+                    // The message waiting for room in the pipeline is leased too.
+                    if let Some(r) = &stalled {
+                        due.push(r.h.reply.clone());
+                    }
                     self.telemetry.lease_extensions.increment(due.len() as u64);
                     for reply in due {
                         self.ack(reply, AckKind::Progress).await;
@@ -510,7 +526,11 @@ fn default_buffer() -> usize {
 }
 
 impl SourceConfig for NatsSourceConfig {
-    fn validate(&self, _name: &str) -> Result<(), String> {
+    fn validate(&self, name: &str) -> Result<(), String> {
+        sluice_core::event::check_source_and_type(
+            self.event_source.as_deref().unwrap_or(name),
+            self.event_type.as_deref().unwrap_or("nats"),
+        )?;
         if self.subject.is_empty() || self.subject.contains(char::is_whitespace) {
             return Err(format!(
                 "subject {:?} is not a valid NATS subject",

@@ -400,6 +400,7 @@ async fn jetstream_consumer_mismatch_and_missing_stream_are_clear_errors() {
     assert!(bad(json!({"stream": "a.b"})).contains("not a valid JetStream name"));
     assert!(bad(json!({"stream": "s", "max_in_flight": 0})).contains("max_in_flight"));
     assert!(bad(json!({"stream": "s", "ack_wait": "10ms"})).contains("ack_wait"));
+    assert!(bad(json!({"stream": "s", "source": "not a uri"})).contains("type or source"));
 }
 
 #[tokio::test]
