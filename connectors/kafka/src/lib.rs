@@ -223,20 +223,14 @@ impl SinkConfig for KafkaConfig {
                 .map_err(|e| err(format!("cannot create the producer: {e}")))?;
             // Fail the build when no broker answers at all, rather than queueing blindly.
             let probe = producer.clone();
-            let brokers = self.brokers.clone();
-            tokio::task::spawn_blocking(move || {
+            probe_brokers(&self.brokers, move || {
                 probe
                     .client()
                     .fetch_metadata(None, StdDuration::from_secs(10))
                     .map(drop)
             })
             .await
-            .map_err(|e| err(e.to_string()))?
-            .map_err(|e| {
-                err(format!(
-                    "cannot reach the brokers {brokers} within 10s: {e}"
-                ))
-            })?;
+            .map_err(err)?;
             tracing::info!(sink = %ctx.name, brokers = %self.brokers, topic = %self.topic, "kafka sink ready");
             let sink = KafkaSink {
                 name: ctx.name.clone(),
@@ -250,6 +244,18 @@ impl SinkConfig for KafkaConfig {
             Ok(Box::pin(sink.run(ctx)) as Running)
         })
     }
+}
+
+/// Runs a metadata request (blocking, so on the blocking pool): a connector's build fails when no
+/// broker answers within its 10 s, rather than queueing blindly.
+pub(crate) async fn probe_brokers(
+    brokers: &str,
+    fetch: impl FnOnce() -> rdkafka::error::KafkaResult<()> + Send + 'static,
+) -> Result<(), String> {
+    tokio::task::spawn_blocking(fetch)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("cannot reach the brokers {brokers} within 10s: {e}"))
 }
 
 struct KafkaSink {

@@ -235,20 +235,14 @@ impl SourceConfig for KafkaSourceConfig {
                 .map_err(|e| err(format!("cannot create the consumer: {e}")))?;
             let consumer = Arc::new(consumer);
             let probe = consumer.clone();
-            let brokers = self.brokers.clone();
-            tokio::task::spawn_blocking(move || {
+            crate::probe_brokers(&self.brokers, move || {
                 probe
                     .client()
                     .fetch_metadata(None, Duration::from_secs(10))
                     .map(drop)
             })
             .await
-            .map_err(|e| err(e.to_string()))?
-            .map_err(|e| {
-                err(format!(
-                    "cannot reach the brokers {brokers} within 10s: {e}"
-                ))
-            })?;
+            .map_err(err)?;
             let topics = self.subscription();
             let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
             consumer
