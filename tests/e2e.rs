@@ -1018,6 +1018,35 @@ async fn kafka_to_jetstream_relay_survives_kill_9() {
     assert_eq!(n, N as u64, "nothing written twice by the drain");
 }
 
+/// A Kafka source whose brokers vanished must not hold the process at SIGTERM: librdkafka's
+/// close never returns without brokers, so the daemon stops within its bounds anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_the_process_when_the_kafka_brokers_are_gone() {
+    let cluster = rdkafka::mocking::MockCluster::new(1).expect("librdkafka mock cluster");
+    cluster.create_topic("gone", 1, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "shutdown_grace: 2s\nsources:\n  orders: {{ kind: kafka, brokers: \"{bootstrap}\", topics: [gone], group: gone, properties: {{ session.timeout.ms: 3000, heartbeat.interval.ms: 500 }} }}\nsinks:\n  out: {{ kind: \"null\" }}\nroutes:\n  - {{ from: [orders], to: [out] }}\n"
+    );
+    let mut d = Daemon::start_with(dir.path(), &body);
+    d.wait_ready().await;
+    // Let it join the group, then take the brokers away.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    drop(cluster);
+    // Long enough for the session to time out: the assignment is lost, the consumer keeps
+    // trying to rejoin a coordinator that is gone.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let started = Instant::now();
+    let status = d.stop();
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?} to stop",
+        started.elapsed()
+    );
+    assert!(status.code().is_some(), "exited by itself: {status}");
+}
+
 /// Starts `sluice run` on a config with a schedule source (no ports) and returns it with its
 /// stderr piped; `env` adds variables, `NO_COLOR` is removed unless given.
 fn spawn_plain(dir: &Path, env: &[(&str, &str)]) -> Child {

@@ -266,7 +266,7 @@ impl SourceConfig for KafkaSourceConfig {
                 on_rejected: self.on_rejected,
                 telemetry: PullTelemetry::new(&name),
                 name,
-                consumer,
+                consumer: Closing(Some(consumer)),
                 shared,
             };
             Ok(Box::pin(source.run(ctx)) as Running)
@@ -417,6 +417,37 @@ impl ConsumerContext for GroupContext {
     }
 }
 
+/// The consumer, closed off the caller's thread when dropped: librdkafka's close leaves the
+/// group and commits on revoke, and with the brokers gone it never returns. When the source is
+/// aborted (the grace is over) the future is dropped on a runtime thread, which must not hang:
+/// the close goes to a detached thread that the process exit ends.
+struct Closing(Option<Arc<StreamConsumer<GroupContext>>>);
+
+impl Closing {
+    fn take(&mut self) -> Option<Arc<StreamConsumer<GroupContext>>> {
+        self.0.take()
+    }
+}
+
+impl std::ops::Deref for Closing {
+    type Target = StreamConsumer<GroupContext>;
+    fn deref(&self) -> &Self::Target {
+        self.0
+            .as_ref()
+            .expect("the consumer is taken only at the end")
+    }
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            let _ = std::thread::Builder::new()
+                .name("kafka-close".into())
+                .spawn(move || drop(c));
+        }
+    }
+}
+
 /// One record in flight.
 struct Handle {
     tp: Tp,
@@ -465,7 +496,7 @@ struct Parked {
 
 struct KafkaSource {
     name: String,
-    consumer: Arc<StreamConsumer<GroupContext>>,
+    consumer: Closing,
     shared: Arc<Mutex<Partitions>>,
     ty: String,
     source: String,
@@ -750,7 +781,7 @@ impl KafkaSource {
         }
     }
 
-    async fn run(self, ctx: SourceContext) -> Result<(), ConnectorError> {
+    async fn run(mut self, ctx: SourceContext) -> Result<(), ConnectorError> {
         let err = |m: String| ConnectorError(format!("kafka source {}: {m}", self.name));
         let mut window: InFlight<Handle, Attempt> =
             InFlight::new(self.window, Duration::from_secs(3600));
@@ -859,8 +890,16 @@ impl KafkaSource {
         // Closing leaves the group (its revoke commits again, synchronously): it blocks, so
         // not on a runtime worker.
         let name = self.name.clone();
-        let consumer = self.consumer;
-        let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+        // Bounded: with the brokers gone the close does not return (the thread is left to the
+        // process exit).
+        let consumer = self.consumer.take();
+        let closing = tokio::task::spawn_blocking(move || drop(consumer));
+        if tokio::time::timeout(Duration::from_secs(5), closing)
+            .await
+            .is_err()
+        {
+            tracing::warn!(source = %self.name, "kafka: leaving the group did not finish within 5s (brokers unreachable?); the group reassigns the partitions after session.timeout.ms");
+        }
         tracing::debug!(source = %name, "kafka source stopped");
         result
     }
