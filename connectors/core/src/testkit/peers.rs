@@ -36,6 +36,14 @@ pub struct NatsProcess {
     pub port: u16,
 }
 
+impl Drop for NatsProcess {
+    /// A test that panics, or forgets, leaves no server behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub fn spawn_nats(store: &Path) -> NatsProcess {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
