@@ -346,6 +346,16 @@ pub fn check_source_and_type(source: &str, ty: &str) -> Result<(), String> {
         .map_err(|e| format!("type or source: {e}"))
 }
 
+/// The extension name a header (HTTP, Kafka, ...) maps to: its ASCII letters and digits in
+/// lowercase (`X-Request-Id` → `xrequestid`). Check the result with [`check_extension_name`].
+pub fn extension_name_from(header: &str) -> String {
+    header
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
 /// Extension and attribute names: lowercase ASCII letters and digits, 1 to 20 characters.
 pub fn check_extension_name(name: &str) -> Result<(), EventError> {
     let ok = !name.is_empty()

@@ -19,7 +19,9 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use serde::Deserialize;
-use sluice_core::event::{check_extension_name, Data, Event, EventError, ExtValue, Timestamp};
+use sluice_core::event::{
+    check_extension_name, extension_name_from, Data, Event, EventError, ExtValue, Timestamp,
+};
 use sluice_core::pull::{InFlight, Watermark};
 use sluice_core::telemetry::{PullTelemetry, Settled};
 use sluice_core::units::HumanDuration;
@@ -509,27 +511,6 @@ struct KafkaSource {
     telemetry: PullTelemetry,
 }
 
-/// A header name as an extension name: lowercase letters and digits only.
-fn extension_name(key: &str) -> String {
-    key.chars()
-        .filter(char::is_ascii_alphanumeric)
-        .map(|c| c.to_ascii_lowercase())
-        .collect()
-}
-
-const RESERVED: &[&str] = &[
-    "id",
-    "source",
-    "specversion",
-    "type",
-    "datacontenttype",
-    "dataschema",
-    "subject",
-    "time",
-    "data",
-    "data_base64",
-];
-
 impl KafkaSource {
     fn to_event(&self, m: &BorrowedMessage<'_>) -> Result<Event, EventError> {
         let headers: Vec<(&str, &[u8])> = m
@@ -597,15 +578,12 @@ impl KafkaSource {
                 ct = std::str::from_utf8(v).ok().map(str::to_owned);
                 continue;
             }
-            let name = extension_name(k);
+            let name = extension_name_from(k);
             let Ok(value) = std::str::from_utf8(v) else {
                 continue;
             };
-            if name.is_empty()
-                || RESERVED.contains(&name.as_str())
-                || check_extension_name(&name).is_err()
-                || e.extension(&name).is_some()
-            {
+            // Invalid or reserved names (`id`, `data`, ...) and repeats are skipped.
+            if check_extension_name(&name).is_err() || e.extension(&name).is_some() {
                 continue;
             }
             e.extensions

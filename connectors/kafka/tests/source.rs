@@ -277,7 +277,7 @@ async fn rejected_events_skip_or_stop_as_configured() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cloudevents_records_pass_through_and_two_members_share_the_group() {
+async fn cloudevents_records_pass_through_and_two_members_of_one_group_deliver_every_record() {
     let c = cluster();
     let bs = c.bootstrap_servers();
     c.create_topic("ce", 4, 1).unwrap();

@@ -586,7 +586,7 @@ impl SourceConfig for NatsSourceConfig {
                 json_body: self.json_body,
                 metadata: Arc::from(metadata),
                 name,
-                client,
+                _client: client,
             };
             Ok(Box::pin(source.run(sub, ctx)) as Running)
         })
@@ -595,7 +595,9 @@ impl SourceConfig for NatsSourceConfig {
 
 struct CoreSource {
     name: String,
-    client: async_nats::Client,
+    /// Held while the source runs, so the connection's life does not depend on what the
+    /// subscriber happens to hold.
+    _client: async_nats::Client,
     ty: String,
     source: String,
     format: CoreFormat,
@@ -699,7 +701,6 @@ impl CoreSource {
                 }
             }
         }
-        let _ = &self.client;
         tracing::debug!(source = %self.name, "nats: stopped");
         Ok(())
     }

@@ -54,13 +54,7 @@ pub(crate) struct Route {
 }
 
 /// `X-Request-Id` → `xrequestid`: the header name's lowercase letters and digits.
-pub(crate) fn extension_name(header: &str) -> String {
-    header
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .map(|c| c.to_ascii_lowercase())
-        .collect()
-}
+pub(crate) use sluice_core::event::extension_name_from as extension_name;
 
 impl Route {
     pub(crate) fn new(cfg: WebhookConfig, ctx: &SourceContext) -> Result<Route, String> {
