@@ -185,6 +185,51 @@ pub fn kinds() -> Vec<Kind> {
             "webhook",
             "HTTP ingress: plain requests and CloudEvents (binary, structured, batched), auth, TLS, honest acks",
         ),
+        #[cfg(feature = "webhook")]
+        source::<sluice_webhook::GithubConfig>(
+            "github",
+            "GitHub webhooks: X-Hub-Signature-256 verified, named after the CloudEvents GitHub adapter, id = X-GitHub-Delivery",
+        ),
+        #[cfg(feature = "webhook")]
+        source::<sluice_webhook::GitlabConfig>(
+            "gitlab",
+            "GitLab webhooks: X-Gitlab-Token or signing token verified, CloudEvents GitLab adapter types, id = Idempotency-Key",
+        ),
+        #[cfg(feature = "webhook")]
+        source::<sluice_webhook::BitbucketConfig>(
+            "bitbucket",
+            "Bitbucket Cloud webhooks: X-Hub-Signature (HMAC-SHA256) verified, type org.bitbucket.<event-key>, id = X-Request-UUID",
+        ),
+        #[cfg(feature = "webhook")]
+        source::<sluice_webhook::BitbucketServerConfig>(
+            "bitbucket-server",
+            "Bitbucket Server / Data Center webhooks: X-Hub-Signature verified, type org.bitbucket.<event-key>, id = X-Request-Id",
+        ),
+        #[cfg(feature = "webhook")]
+        source::<sluice_webhook::GerritConfig>(
+            "gerrit",
+            "Gerrit webhooks plugin: basic or bearer auth, type com.googlesource.gerrit.<type>, id from the event",
+        ),
+        #[cfg(feature = "webhook")]
+        source::<sluice_webhook::StripeConfig>(
+            "stripe",
+            "Stripe webhooks: Stripe-Signature v1 verified with timestamp tolerance, type com.stripe.<type>, id = event id",
+        ),
+        #[cfg(feature = "webhook")]
+        source::<sluice_webhook::SlackConfig>(
+            "slack",
+            "Slack Events API, interactions and slash commands: X-Slack-Signature v0 verified, url_verification answered",
+        ),
+        #[cfg(feature = "webhook")]
+        source::<sluice_webhook::StandardWebhooksConfig>(
+            "standard-webhooks",
+            "Standard Webhooks / Svix: v1 HMAC and v1a Ed25519 signatures, timestamp tolerance, id = webhook-id",
+        ),
+        #[cfg(feature = "webhook")]
+        source::<sluice_webhook::HmacConfig>(
+            "hmac",
+            "any HMAC-signed webhook: header, algorithm, encoding, prefix, optional signed timestamp",
+        ),
         #[cfg(feature = "schedule")]
         source::<sluice_schedule::ScheduleConfig>(
             "schedule",

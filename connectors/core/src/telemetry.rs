@@ -8,6 +8,7 @@ pub const EVENTS_RECEIVED: &str = "sluice_events_received_total";
 pub const EVENTS_DEDUPLICATED: &str = "sluice_events_deduplicated_total";
 pub const EVENTS_REJECTED: &str = "sluice_events_rejected_total";
 pub const EVENTS_UNROUTED: &str = "sluice_events_unrouted_total";
+pub const EVENTS_FILTERED: &str = "sluice_events_filtered_total";
 pub const EVENTS_DELIVERED: &str = "sluice_events_delivered_total";
 pub const DELIVERY_FAILURES: &str = "sluice_delivery_failures_total";
 pub const SINK_RETRIES: &str = "sluice_sink_retries_total";
@@ -65,6 +66,12 @@ impl SourceTelemetry {
     pub fn rejected(&self, reason: &'static str, n: u64) {
         counter!(EVENTS_REJECTED, self.role => self.name.to_string(), "reason" => reason)
             .increment(n);
+    }
+
+    /// Counts input the source answered but let through no event for, on purpose (a provider
+    /// event type the config does not ask for).
+    pub fn filtered(&self, n: u64) {
+        counter!(EVENTS_FILTERED, self.role => self.name.to_string()).increment(n);
     }
 }
 

@@ -20,6 +20,7 @@ use sluice_core::telemetry::SourceTelemetry;
 use sluice_core::{SendOptions, SourceContext, SourceSender, Status};
 
 use crate::auth::Auth;
+use crate::providers::{self, Provider, Verdict};
 use crate::server::Listener;
 use crate::{AckMode, Format, IdFallback, WebhookConfig};
 
@@ -51,13 +52,19 @@ pub(crate) struct Route {
     allowed_origins: Vec<String>,
     metadata: Bytes,
     responses: Vec<(u16, Counter)>,
+    /// A SaaS provider's verification and naming (`kind: github`, …).
+    provider: Option<Arc<dyn Provider>>,
 }
 
 /// `X-Request-Id` → `xrequestid`: the header name's lowercase letters and digits.
 pub(crate) use sluice_core::event::extension_name_from as extension_name;
 
 impl Route {
-    pub(crate) fn new(cfg: WebhookConfig, ctx: &SourceContext) -> Result<Route, String> {
+    pub(crate) fn new(
+        cfg: WebhookConfig,
+        provider: Option<Arc<dyn Provider>>,
+        ctx: &SourceContext,
+    ) -> Result<Route, String> {
         let methods: Vec<http::Method> = cfg.methods.iter().map(|m| m.as_http()).collect();
         let allow = methods
             .iter()
@@ -116,6 +123,7 @@ impl Route {
             allowed_origins: cfg.allowed_origins.clone(),
             metadata,
             responses,
+            provider,
             name,
         })
     }
@@ -162,7 +170,11 @@ fn close(mut r: Resp) -> Resp {
     r
 }
 
-pub(crate) async fn handle(l: Arc<Listener>, req: Request<Incoming>) -> Result<Resp, Infallible> {
+pub(crate) async fn handle(
+    l: Arc<Listener>,
+    req: Request<Incoming>,
+    peer: std::net::SocketAddr,
+) -> Result<Resp, Infallible> {
     let path = req.uri().path();
     if path == "/health" {
         return Ok(reply(StatusCode::OK, "{\"status\":\"ok\"}"));
@@ -172,12 +184,17 @@ pub(crate) async fn handle(l: Arc<Listener>, req: Request<Incoming>) -> Result<R
         let msg = format!("no webhook at {path}");
         return Ok(error(StatusCode::NOT_FOUND, &msg));
     };
-    let resp = handle_route(&l, &route, req).await;
+    let resp = handle_route(&l, &route, req, peer).await;
     route.count(&resp);
     Ok(resp)
 }
 
-async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Resp {
+async fn handle_route(
+    l: &Listener,
+    route: &Route,
+    req: Request<Incoming>,
+    peer: std::net::SocketAddr,
+) -> Resp {
     let (parts, body) = req.into_parts();
     if parts.method == http::Method::OPTIONS {
         return handshake(route, &parts.headers);
@@ -243,13 +260,26 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
         Ok(Ok(c)) => c.to_bytes(),
     };
 
-    let events = match route.format {
+    let events = if let Some(p) = &route.provider {
+        match provider_event(route, &**p, &parts.headers, &body, peer) {
+            Ok(Verdict::Event { event, fresh }) => finish(route, &parts.headers, event, fresh)
+                .map(|(e, fresh)| (vec![e], fresh)),
+            Ok(Verdict::Reply(status, body)) => return reply(status, body),
+            Ok(Verdict::Filtered) => {
+                route.telemetry.filtered(1);
+                return reply(StatusCode::OK, "{\"status\":\"filtered\",\"events\":0}");
+            }
+            Err(refused) => return refused,
+        }
+    } else {
+        match route.format {
         Format::Cloudevents => match http_binding::decode_request(&parts.headers, body.clone()) {
             Ok(Some(events)) => Ok((events, false)),
             Ok(None) => plain_event(route, &parts, body).map(|(e, fresh)| (vec![e], fresh)),
             Err(e) => Err((StatusCode::BAD_REQUEST, format!("invalid CloudEvent: {e}"))),
         },
         Format::Argo => argo_event(route, &parts, body).map(|(e, fresh)| (vec![e], fresh)),
+        }
     };
     let (events, fresh_ids) = match events {
         Ok(e) => e,
@@ -312,6 +342,43 @@ async fn handle_route(l: &Listener, route: &Route, req: Request<Incoming>) -> Re
             ),
         ),
     }
+}
+
+/// A provider's verification, then its naming. A refusal is counted by reason and logged with
+/// the delivery id and the remote address (never the body or a secret).
+fn provider_event(
+    route: &Route,
+    p: &dyn Provider,
+    headers: &HeaderMap,
+    body: &Bytes,
+    peer: std::net::SocketAddr,
+) -> Result<Verdict, Resp> {
+    let req = providers::Request {
+        headers,
+        body,
+        now: chrono::Utc::now().timestamp(),
+    };
+    let naming = providers::Naming {
+        source: &route.source,
+        subject: &route.subject,
+        ty: &route.ty,
+        format: route.format,
+        metadata: &route.metadata,
+    };
+    let refused = |r: providers::Refusal| {
+        route.telemetry.rejected(r.metric, 1);
+        tracing::warn!(
+            source = %route.name,
+            delivery = p.delivery_id(headers).unwrap_or("-"),
+            remote = %peer,
+            reason = %r.reason,
+            status = r.status.as_u16(),
+            "webhook: request refused"
+        );
+        error(r.status, &r.reason)
+    };
+    p.verify(&req).map_err(refused)?;
+    p.event(&req, &naming).map_err(refused)
 }
 
 /// The CloudEvents webhook validation handshake (abuse protection).
@@ -468,6 +535,22 @@ fn canonical(name: &str) -> String {
         .collect()
 }
 
+/// The request headers as Go's `http.Header` marshals them: `{Canonical-Name: [values]}`,
+/// `Authorization` left out (the secret never reaches the event).
+pub(crate) fn write_argo_headers(out: &mut Vec<u8>, headers: &HeaderMap) {
+    let mut map: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for (k, v) in headers {
+        if k == http::header::AUTHORIZATION {
+            continue;
+        }
+        if let Ok(v) = v.to_str() {
+            map.entry(canonical(k.as_str())).or_default().push(v);
+        }
+    }
+    // A map of strings always serialises.
+    let _ = serde_json::to_writer(out, &map);
+}
+
 /// Argo Events' webhook event: data `{header, body, metadata}`.
 fn argo_event(
     route: &Route,
@@ -477,15 +560,6 @@ fn argo_event(
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let is_get = parts.method == http::Method::GET;
     let (id, fresh) = request_id(route, parts, &body);
-    let mut headers: BTreeMap<String, Vec<&str>> = BTreeMap::new();
-    for (k, v) in &parts.headers {
-        if k == http::header::AUTHORIZATION {
-            continue; // never let the secret reach the event
-        }
-        if let Ok(v) = v.to_str() {
-            headers.entry(canonical(k.as_str())).or_default().push(v);
-        }
-    }
     let form = parts
         .headers
         .get(CONTENT_TYPE)
@@ -504,8 +578,7 @@ fn argo_event(
     };
     let mut data = Vec::with_capacity(body_json.len() + 256);
     data.extend_from_slice(b"{\"header\":");
-    serde_json::to_writer(&mut data, &headers)
-        .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    write_argo_headers(&mut data, &parts.headers);
     data.extend_from_slice(b",\"body\":");
     data.extend_from_slice(&body_json);
     data.extend_from_slice(b",\"metadata\":");

@@ -7,6 +7,7 @@
 
 mod auth;
 mod handler;
+pub mod providers;
 mod server;
 mod tls;
 
@@ -17,7 +18,17 @@ use serde::Deserialize;
 use sluice_core::units::{ByteSize, HumanDuration};
 use sluice_core::{BoxFuture, ConnectorError, Running, SourceConfig, SourceContext};
 
-pub use auth::AuthConfig;
+pub use auth::{AuthConfig, BasicCredentials};
+pub use providers::{
+    bitbucket::{BitbucketConfig, BitbucketServerConfig},
+    gerrit::GerritConfig,
+    github::GithubConfig,
+    gitlab::GitlabConfig,
+    hmac::HmacConfig,
+    slack::SlackConfig,
+    standard::StandardWebhooksConfig,
+    stripe::StripeConfig,
+};
 pub use tls::TlsConfig;
 
 /// When the webhook answers.
@@ -150,25 +161,25 @@ pub struct WebhookConfig {
     pub max_in_flight: usize,
 }
 
-fn default_listen() -> SocketAddr {
+pub(crate) fn default_listen() -> SocketAddr {
     SocketAddr::from(([0, 0, 0, 0], 12000))
 }
-fn default_path() -> String {
+pub(crate) fn default_path() -> String {
     "/".into()
 }
-fn default_methods() -> Vec<Method> {
+pub(crate) fn default_methods() -> Vec<Method> {
     vec![Method::Post]
 }
-fn default_max_body() -> ByteSize {
+pub(crate) fn default_max_body() -> ByteSize {
     ByteSize::mib(1)
 }
-fn default_accept_timeout() -> HumanDuration {
+pub(crate) fn default_accept_timeout() -> HumanDuration {
     HumanDuration::from_secs(1)
 }
-fn default_ack_timeout() -> HumanDuration {
+pub(crate) fn default_ack_timeout() -> HumanDuration {
     HumanDuration::from_secs(30)
 }
-fn default_id_headers() -> Vec<String> {
+pub(crate) fn default_id_headers() -> Vec<String> {
     [
         "Idempotency-Key",
         "webhook-id",
@@ -178,16 +189,16 @@ fn default_id_headers() -> Vec<String> {
     .map(String::from)
     .to_vec()
 }
-fn default_header_timeout() -> HumanDuration {
+pub(crate) fn default_header_timeout() -> HumanDuration {
     HumanDuration::from_secs(10)
 }
-fn default_body_timeout() -> HumanDuration {
+pub(crate) fn default_body_timeout() -> HumanDuration {
     HumanDuration::from_secs(30)
 }
-fn default_max_connections() -> usize {
+pub(crate) fn default_max_connections() -> usize {
     10_000
 }
-fn default_max_in_flight() -> usize {
+pub(crate) fn default_max_in_flight() -> usize {
     1024
 }
 
@@ -253,25 +264,35 @@ impl SourceConfig for WebhookConfig {
         self: Box<Self>,
         ctx: SourceContext,
     ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
-        Box::pin(async move {
-            let settings = self.listener_settings();
-            let listen = self.listen;
-            let path = self.path.clone();
-            let name = ctx.name.clone();
-            let route = handler::Route::new(*self, &ctx)
-                .map_err(|e| ConnectorError(format!("webhook {name}: {e}")))?;
-            let listeners = ctx.shared.get_or_default::<server::Listeners>();
-            let listener = listeners
-                .attach(listen, settings, path.clone(), route, ctx.shutdown.clone())
-                .await
-                .map_err(|e| ConnectorError(format!("webhook {name}: {e}")))?;
-            let shutdown = ctx.shutdown.clone();
-            Ok(Box::pin(async move {
-                shutdown.cancelled().await;
-                listener.closed().await;
-                listener.detach(&path);
-                Ok(())
-            }) as Running)
-        })
+        start(*self, None, ctx)
     }
+}
+
+/// Starts a webhook-style source: its route on the shared listener for `cfg.listen`, with a
+/// provider's verification and naming when given.
+pub(crate) fn start(
+    cfg: WebhookConfig,
+    provider: Option<std::sync::Arc<dyn providers::Provider>>,
+    ctx: SourceContext,
+) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+    Box::pin(async move {
+        let settings = cfg.listener_settings();
+        let listen = cfg.listen;
+        let path = cfg.path.clone();
+        let name = ctx.name.clone();
+        let route = handler::Route::new(cfg, provider, &ctx)
+            .map_err(|e| ConnectorError(format!("webhook {name}: {e}")))?;
+        let listeners = ctx.shared.get_or_default::<server::Listeners>();
+        let listener = listeners
+            .attach(listen, settings, path.clone(), route, ctx.shutdown.clone())
+            .await
+            .map_err(|e| ConnectorError(format!("webhook {name}: {e}")))?;
+        let shutdown = ctx.shutdown.clone();
+        Ok(Box::pin(async move {
+            shutdown.cancelled().await;
+            listener.closed().await;
+            listener.detach(&path);
+            Ok(())
+        }) as Running)
+    })
 }

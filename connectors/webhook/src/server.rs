@@ -157,7 +157,7 @@ async fn serve(
             p = connections.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             _ = shutdown.cancelled() => break,
         };
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = tcp.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
@@ -180,7 +180,7 @@ async fn serve(
                 let (idle, l) = (idle.clone(), l.clone());
                 service_fn(move |req| {
                     let busy = idle.busy();
-                    let fut = handler::handle(l.clone(), req);
+                    let fut = handler::handle(l.clone(), req, peer);
                     async move {
                         let r = fut.await;
                         drop(busy);

@@ -1,0 +1,311 @@
+//! `kind: github` — `X-Hub-Signature-256` (HMAC-SHA256 over the raw body), events named after
+//! the CloudEvents GitHub adapter (`cloudevents/spec`, `cloudevents/adapters/github.md`), id =
+//! `X-GitHub-Delivery` (stable across GitHub's redeliveries).
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+
+use super::{
+    first, header_400, inject_keys, json_event, json_text, single, text_at, time_at, EventFilter,
+    Keys, Naming, Provider, Refusal, Request, Secret, Verdict,
+};
+use crate::Format;
+
+provider_config! {
+    /// `kind: github` options.
+    GithubConfig, "github", "/github", "github", 25 {
+        /// The webhook's secret(s); any may match (rotation).
+        secrets: Vec<Secret>,
+        /// `X-GitHub-Event` names to turn into events (`*`, `prefix*`); others are answered 200
+        /// and counted as filtered. Default: all.
+        #[serde(default)]
+        events: Vec<String>,
+    }
+}
+provider_source!(GithubConfig);
+
+impl GithubConfig {
+    fn auth_config(&self) -> Option<crate::AuthConfig> {
+        None
+    }
+
+    fn check(&self) -> Result<(), String> {
+        super::check_secrets("secrets", &self.secrets, false)?;
+        EventFilter::new(&self.events).map(drop)
+    }
+
+    fn provider(&self) -> Result<Github, String> {
+        Ok(Github {
+            keys: Keys::new(
+                aws_lc_rs::hmac::HMAC_SHA256,
+                self.secrets.iter().map(|s| s.0.as_bytes()),
+            ),
+            events: EventFilter::new(&self.events)?,
+        })
+    }
+}
+
+pub(crate) struct Github {
+    keys: Keys,
+    events: EventFilter,
+}
+
+const SIG256: &str = "x-hub-signature-256";
+const SIG1: &str = "x-hub-signature";
+const EVENT: &str = "x-github-event";
+const DELIVERY: &str = "x-github-delivery";
+
+/// Checks `sha256=<hex>` over `body`.
+pub(crate) fn verify_sha256(
+    keys: &Keys,
+    header: &'static str,
+    value: &str,
+    body: &[u8],
+) -> Result<(), Refusal> {
+    let hex = value
+        .strip_prefix("sha256=")
+        .ok_or_else(|| Refusal::unauthorized("bad_signature", format!("{header} must be `sha256=<hex>`")))?;
+    let sig = super::unhex(hex)
+        .ok_or_else(|| Refusal::unauthorized("bad_signature", format!("{header} is not hex")))?;
+    if keys.verify_any(&[body], [sig.as_slice()]) {
+        Ok(())
+    } else {
+        Err(Refusal::unauthorized(
+            "bad_signature",
+            format!("{header} does not match the body under any configured secret"),
+        ))
+    }
+}
+
+impl Provider for Github {
+    fn delivery_id<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
+        first(headers, DELIVERY)
+    }
+
+    fn verify(&self, req: &Request<'_>) -> Result<(), Refusal> {
+        let Some(sig) = single(req.headers, SIG256)? else {
+            return Err(if req.headers.contains_key(SIG1) {
+                Refusal::unauthorized(
+                    "missing_header",
+                    "X-Hub-Signature-256 header missing; a SHA-1 X-Hub-Signature alone is refused",
+                )
+            } else {
+                Refusal::unauthorized("missing_header", "X-Hub-Signature-256 header missing")
+            });
+        };
+        verify_sha256(&self.keys, "X-Hub-Signature-256", sig, req.body)
+    }
+
+    fn event(&self, req: &Request<'_>, naming: &Naming<'_>) -> Result<Verdict, Refusal> {
+        let event = header_400(req.headers, EVENT)?
+            .ok_or_else(|| Refusal::bad_request("missing_header", "X-GitHub-Event header missing"))?;
+        if event == "ping" {
+            return Ok(Verdict::Reply(
+                StatusCode::OK,
+                Bytes::from_static(b"{\"status\":\"pong\"}"),
+            ));
+        }
+        if !self.events.allows(event) {
+            return Ok(Verdict::Filtered);
+        }
+        let id = header_400(req.headers, DELIVERY)?
+            .ok_or_else(|| Refusal::bad_request("missing_header", "X-GitHub-Delivery header missing"))?
+            .to_owned();
+        // A hook may be set to `application/x-www-form-urlencoded`: the JSON is in `payload`.
+        let form_payload;
+        let json: &str = if super::is_form(req.headers) {
+            form_payload = super::form_value(req.body, "payload").ok_or_else(|| {
+                Refusal::bad_request("invalid_event", "form body without a `payload` field")
+            })?;
+            if !sluice_core::event::is_json(form_payload.as_bytes()) {
+                return Err(Refusal::bad_request("invalid_event", "`payload` is not JSON"));
+            }
+            &form_payload
+        } else {
+            json_text(req.body)?
+        };
+        if naming.format == Format::Argo {
+            let body = inject_keys(json, &[("X-GitHub-Event", event), ("X-GitHub-Delivery", &id)]);
+            let data = super::argo_headers_body(req.headers, &body, naming.metadata);
+            let e = json_event(
+                id,
+                naming.source.to_owned(),
+                naming.ty.to_owned(),
+                Some(naming.subject.to_owned()),
+                None,
+                data,
+            )?;
+            return Ok(Verdict::Event { event: e, fresh: false });
+        }
+        let (ty, source, subject, time) = name(event, json);
+        let data = Bytes::copy_from_slice(json.as_bytes());
+        let e = json_event(id, source, ty, subject, time, data)?;
+        Ok(Verdict::Event { event: e, fresh: false })
+    }
+}
+
+/// How the adapter names one event: the type's suffix, the source, the subject, the time.
+struct Rule {
+    event: &'static str,
+    /// The type's base when it differs from the event name (`issues` → `issue`).
+    base: Option<&'static str>,
+    suffix: Suffix,
+    source: Src,
+    subject: Option<&'static str>,
+    time: &'static [&'static str],
+}
+
+enum Suffix {
+    None,
+    /// `.` + the value at this path (when present).
+    At(&'static str),
+    /// `.` + scope + `.` + action (membership).
+    ScopeAction,
+}
+
+enum Src {
+    At(&'static str),
+    /// `comment.url` + `/` + `comment.commit_id`.
+    CommentCommit,
+    /// `sender.url` without its `/username` part.
+    SenderParent,
+    Const(&'static str),
+}
+
+const ACTION: Suffix = Suffix::At("action");
+const REPO: Src = Src::At("repository.url");
+
+macro_rules! rule {
+    ($event:literal, $suffix:expr, $source:expr, $subject:expr, [$($time:literal),*]) => {
+        Rule { event: $event, base: None, suffix: $suffix, source: $source, subject: $subject, time: &[$($time),*] }
+    };
+    ($event:literal as $base:literal, $suffix:expr, $source:expr, $subject:expr, [$($time:literal),*]) => {
+        Rule { event: $event, base: Some($base), suffix: $suffix, source: $source, subject: $subject, time: &[$($time),*] }
+    };
+}
+
+/// The adapter's table, event by event.
+const RULES: &[Rule] = &[
+    rule!("check_run", ACTION, REPO, Some("check_run.id"), ["check_run.completed_at", "check_run.started_at"]),
+    rule!("check_suite", ACTION, REPO, Some("check_suite.id"), ["check_suite.updated_at"]),
+    rule!("commit_comment", ACTION, Src::CommentCommit, Some("comment.id"), ["comment.updated_at"]),
+    rule!("content_reference", ACTION, REPO, Some("content_reference.id"), []),
+    rule!("create", Suffix::At("ref_type"), REPO, Some("ref"), []),
+    rule!("delete", Suffix::At("ref_type"), REPO, Some("ref"), []),
+    rule!("deploy_key", ACTION, REPO, Some("key.id"), ["key.deleted_at", "key.created_at"]),
+    rule!("deployment", Suffix::None, REPO, Some("deployment.id"), ["deployment.updated_at"]),
+    rule!("deployment_status", Suffix::At("deployment_status.state"), Src::At("deployment.url"), Some("deployment_status.url"), ["deployment_status.updated_at"]),
+    rule!("fork", Suffix::None, REPO, Some("forkee.url"), ["forkee.created_at"]),
+    rule!("github_app_authorization", Suffix::None, Src::At("sender.url"), None, []),
+    rule!("gollum", Suffix::None, REPO, None, []),
+    rule!("installation", ACTION, Src::At("installation.account.url"), Some("installation.id"), ["installation.updated_at"]),
+    rule!("installation_repositories" as "installation_repository", ACTION, Src::At("installation.account.url"), Some("installation.id"), ["installation.updated_at"]),
+    rule!("issue_comment", ACTION, Src::At("issue.url"), Some("comment.id"), ["comment.updated_at"]),
+    rule!("issues" as "issue", ACTION, REPO, Some("issue.number"), ["issue.updated_at"]),
+    rule!("label", ACTION, REPO, Some("label.name"), []),
+    rule!("marketplace_purchase", ACTION, Src::SenderParent, Some("marketplace_purchase.account.login"), ["effective_date"]),
+    rule!("member", ACTION, REPO, Some("member.login"), []),
+    rule!("membership", Suffix::ScopeAction, Src::At("team.url"), Some("member.login"), []),
+    rule!("meta", ACTION, REPO, Some("hook_id"), ["hook.updated_at"]),
+    rule!("milestone", ACTION, REPO, Some("milestone.number"), ["milestone.updated_at"]),
+    rule!("organization", ACTION, Src::At("organization.url"), Some("membership.user.login"), []),
+    rule!("org_block", ACTION, Src::At("organization.url"), Some("blocked_user.login"), []),
+    rule!("page_build", Suffix::None, REPO, Some("build.url"), ["pusher.updated_at"]),
+    rule!("project_card", ACTION, REPO, Some("project_card.id"), ["project_card.updated_at"]),
+    rule!("project_column", ACTION, REPO, Some("project_column.id"), ["project_column.updated_at"]),
+    rule!("project", ACTION, REPO, Some("project.id"), ["project.updated_at"]),
+    rule!("public", Suffix::None, Src::At("repository.owner.url"), Some("repository.name"), ["repository.updated_at"]),
+    rule!("pull_request", ACTION, REPO, Some("number"), ["pull_request.updated_at"]),
+    rule!("pull_request_review", ACTION, Src::At("pull_request.url"), Some("review.id"), ["review.submitted_at"]),
+    rule!("pull_request_review_comment", ACTION, Src::At("pull_request.url"), Some("comment.id"), ["pull_request.updated_at"]),
+    rule!("push", Suffix::None, REPO, Some("ref"), []),
+    rule!("registry_package", ACTION, REPO, Some("registry_package.html_url"), ["registry_package.updated_at"]),
+    rule!("release", ACTION, REPO, Some("release.id"), ["release.published_at", "release.created_at"]),
+    rule!("repository", ACTION, Src::At("repository.owner.url"), Some("repository.name"), ["repository.updated_at"]),
+    rule!("repository_import", Suffix::None, Src::At("repository.owner.url"), Some("repository.name"), ["repository.updated_at"]),
+    rule!("repository_vulnerability_alert", ACTION, REPO, Some("alert.id"), []),
+    rule!("security_advisory", ACTION, Src::Const("github.com"), Some("security_advisory.ghsa_id"), ["security_advisory.updated_at"]),
+    rule!("star", ACTION, REPO, None, ["starred_at"]),
+    rule!("status", Suffix::At("state"), REPO, Some("sha"), ["updated_at"]),
+    rule!("team", ACTION, REPO, Some("team.id"), ["updated_at"]),
+    rule!("team_add", ACTION, REPO, Some("team.id"), []),
+    rule!("watch", ACTION, REPO, None, []),
+];
+
+/// Events the adapter does not list (GitHub added many since: `workflow_run`, …): type
+/// `com.github.<event>[.<action>]`, source from the first of these that is present.
+const FALLBACK_SOURCES: &[&str] = &["repository.url", "organization.url", "sender.url"];
+
+/// `(type, source, subject, time)` for `event` with payload `json`.
+fn name(
+    event: &str,
+    json: &str,
+) -> (String, String, Option<String>, Option<sluice_core::event::Timestamp>) {
+    let rule = RULES.iter().find(|r| r.event == event);
+    let mut ty = format!("com.github.{}", rule.and_then(|r| r.base).unwrap_or(event));
+    let suffix = match rule.map(|r| &r.suffix).unwrap_or(&ACTION) {
+        Suffix::None => None,
+        Suffix::At(p) => text_at(json, p),
+        Suffix::ScopeAction => match (text_at(json, "scope"), text_at(json, "action")) {
+            (Some(s), Some(a)) => Some(format!("{s}.{a}")),
+            (s, a) => s.or(a),
+        },
+    };
+    if let Some(s) = suffix {
+        ty.push('.');
+        ty.push_str(&s);
+    }
+    let source = rule
+        .and_then(|r| match &r.source {
+            Src::At(p) => text_at(json, p),
+            Src::CommentCommit => match (text_at(json, "comment.url"), text_at(json, "comment.commit_id")) {
+                (Some(u), Some(c)) => Some(format!("{u}/{c}")),
+                _ => None,
+            },
+            Src::SenderParent => text_at(json, "sender.url")
+                .map(|u| u.rsplit_once('/').map(|(p, _)| p.to_owned()).unwrap_or(u)),
+            Src::Const(c) => Some((*c).to_owned()),
+        })
+        .or_else(|| FALLBACK_SOURCES.iter().find_map(|p| text_at(json, p)))
+        .unwrap_or_else(|| "https://github.com".to_owned());
+    let subject = rule.and_then(|r| r.subject).and_then(|p| text_at(json, p));
+    let time = rule.and_then(|r| time_at(json, r.time));
+    (ty, source, subject, time)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_adapter() {
+        let push = r#"{"ref":"refs/heads/main","repository":{"url":"https://github.com/octo/hello"}}"#;
+        let (ty, source, subject, _) = name("push", push);
+        assert_eq!(ty, "com.github.push");
+        assert_eq!(source, "https://github.com/octo/hello");
+        assert_eq!(subject.as_deref(), Some("refs/heads/main"));
+
+        let pr = r#"{"action":"opened","number":42,"pull_request":{"updated_at":"2019-05-15T15:20:33Z"},"repository":{"url":"https://api.github.com/repos/octo/hello"}}"#;
+        let (ty, source, subject, time) = name("pull_request", pr);
+        assert_eq!(ty, "com.github.pull_request.opened");
+        assert_eq!(source, "https://api.github.com/repos/octo/hello");
+        assert_eq!(subject.as_deref(), Some("42"));
+        assert_eq!(time.unwrap().as_str(), "2019-05-15T15:20:33Z");
+
+        let issues = r#"{"action":"closed","issue":{"number":7},"repository":{"url":"u:r"}}"#;
+        assert_eq!(name("issues", issues).0, "com.github.issue.closed");
+        let create = r#"{"ref":"v1","ref_type":"tag","repository":{"url":"u:r"}}"#;
+        assert_eq!(name("create", create).0, "com.github.create.tag");
+        let m = r#"{"action":"added","scope":"team","team":{"url":"u:t"},"member":{"login":"x"}}"#;
+        let (ty, source, ..) = name("membership", m);
+        assert_eq!((ty.as_str(), source.as_str()), ("com.github.membership.team.added", "u:t"));
+        let cc = r#"{"action":"created","comment":{"url":"https://api.github.com/c/1","commit_id":"abc","id":1}}"#;
+        assert_eq!(name("commit_comment", cc).1, "https://api.github.com/c/1/abc");
+        let mp = r#"{"action":"purchased","sender":{"url":"https://api.github.com/users/octocat"}}"#;
+        assert_eq!(name("marketplace_purchase", mp).1, "https://api.github.com/users");
+        // Not in the adapter's table: named by the same pattern.
+        let wr = r#"{"action":"completed","repository":{"url":"u:r"}}"#;
+        assert_eq!(name("workflow_run", wr).0, "com.github.workflow_run.completed");
+        assert_eq!(name("workflow_run", "{}").1, "https://github.com");
+    }
+}

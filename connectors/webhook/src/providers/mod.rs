@@ -1,0 +1,498 @@
+//! SaaS webhook kinds (`github`, `gitlab`, `bitbucket`, `bitbucket-server`, `gerrit`, `stripe`,
+//! `slack`, `standard-webhooks`, `hmac`): the webhook listener machinery (shared ports, TLS,
+//! limits, shedding, honest acks) plus, per provider, signature verification on the raw body and
+//! CloudEvent naming after the CloudEvents adapters, with ids from the provider's delivery id so
+//! retries deduplicate.
+//!
+//! A provider sees a request after its body was read within the limits: [`Provider::verify`]
+//! checks it (constant time, every configured secret tried), then [`Provider::event`] names it.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use sluice_core::event::{Event, Timestamp};
+use subtle::ConstantTimeEq;
+
+use crate::Format;
+
+#[macro_use]
+mod common;
+pub mod bitbucket;
+pub mod gerrit;
+pub mod github;
+pub mod gitlab;
+pub mod hmac;
+pub mod slack;
+pub mod standard;
+pub mod stripe;
+
+/// A request as a provider sees it.
+pub(crate) struct Request<'a> {
+    pub headers: &'a HeaderMap,
+    pub body: &'a Bytes,
+    /// Unix seconds, for timestamp tolerance.
+    pub now: i64,
+}
+
+/// What a verified request becomes.
+pub(crate) enum Verdict {
+    /// One event; `fresh` when its id was made now (it cannot repeat, so dedup is skipped).
+    Event { event: Event, fresh: bool },
+    /// Answered without an event (GitHub `ping`, Slack `url_verification`, …).
+    Reply(StatusCode, Bytes),
+    /// An event the config does not ask for: answered 200, counted as filtered.
+    Filtered,
+}
+
+/// Why a request is refused: the status, a reason that names the header (never a secret), and
+/// the metric label.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub status: StatusCode,
+    pub reason: Cow<'static, str>,
+    pub metric: &'static str,
+}
+
+impl Refusal {
+    pub fn unauthorized(metric: &'static str, reason: impl Into<Cow<'static, str>>) -> Self {
+        Refusal {
+            status: StatusCode::UNAUTHORIZED,
+            reason: reason.into(),
+            metric,
+        }
+    }
+
+    pub fn bad_request(metric: &'static str, reason: impl Into<Cow<'static, str>>) -> Self {
+        Refusal {
+            status: StatusCode::BAD_REQUEST,
+            reason: reason.into(),
+            metric,
+        }
+    }
+}
+
+/// How events are named: the route's fallbacks and the output shape.
+pub(crate) struct Naming<'a> {
+    /// `format: argo`: the source name; otherwise the fallback source.
+    pub source: &'a str,
+    pub subject: &'a str,
+    pub ty: &'a str,
+    pub format: Format,
+    /// `metadata` as JSON (Argo shapes).
+    pub metadata: &'a Bytes,
+}
+
+pub(crate) trait Provider: Send + Sync + 'static {
+    /// The provider's delivery id, for log lines about refused requests.
+    fn delivery_id<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str>;
+    /// Checks the request's signature or token.
+    fn verify(&self, req: &Request<'_>) -> Result<(), Refusal>;
+    /// Names a verified request.
+    fn event(&self, req: &Request<'_>, naming: &Naming<'_>) -> Result<Verdict, Refusal>;
+}
+
+/// A secret from the config (`${ENV}` / `${file:…}`); never printed.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+/// Checks a list of secrets: at least one unless `optional`, none empty.
+pub(crate) fn check_secrets(field: &str, secrets: &[Secret], optional: bool) -> Result<(), String> {
+    if secrets.is_empty() && !optional {
+        return Err(format!(
+            "{field}: give at least one secret (several while rotating: any may match)"
+        ));
+    }
+    if secrets.iter().any(|s| s.0.is_empty()) {
+        return Err(format!(
+            "{field}: a secret is empty (is its environment variable or file empty?)"
+        ));
+    }
+    Ok(())
+}
+
+/// HMAC keys, one per configured secret.
+pub(crate) struct Keys {
+    keys: Vec<aws_lc_rs::hmac::Key>,
+}
+
+impl Keys {
+    pub fn new<'s>(
+        alg: aws_lc_rs::hmac::Algorithm,
+        secrets: impl IntoIterator<Item = &'s [u8]>,
+    ) -> Keys {
+        Keys {
+            keys: secrets
+                .into_iter()
+                .map(|s| aws_lc_rs::hmac::Key::new(alg, s))
+                .collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The tag of `parts` (concatenated) under each key.
+    pub fn tags(&self, parts: &[&[u8]]) -> Vec<aws_lc_rs::hmac::Tag> {
+        self.keys
+            .iter()
+            .map(|k| {
+                let mut c = aws_lc_rs::hmac::Context::with_key(k);
+                for p in parts {
+                    c.update(p);
+                }
+                c.sign()
+            })
+            .collect()
+    }
+
+    /// Whether any of `signatures` is the tag of `parts` under any key. Every pair is compared
+    /// in constant time, so timing shows neither which secret matched nor how much of a
+    /// signature did.
+    pub fn verify_any<'a>(
+        &self,
+        parts: &[&[u8]],
+        signatures: impl IntoIterator<Item = &'a [u8]>,
+    ) -> bool {
+        let tags = self.tags(parts);
+        let mut ok = subtle::Choice::from(0u8);
+        for sig in signatures {
+            for t in &tags {
+                ok |= t.as_ref().ct_eq(sig);
+            }
+        }
+        ok.into()
+    }
+}
+
+/// Tokens compared for equality in constant time (GitLab's `X-Gitlab-Token`).
+pub(crate) fn token_matches(tokens: &[Secret], given: &[u8]) -> bool {
+    let mut ok = subtle::Choice::from(0u8);
+    for t in tokens {
+        ok |= t.0.as_bytes().ct_eq(given);
+    }
+    ok.into()
+}
+
+/// The value of a header sent at most once. Two copies of a header that decides verification
+/// are refused rather than guessed between.
+pub(crate) fn single<'h>(
+    headers: &'h HeaderMap,
+    name: &str,
+) -> Result<Option<&'h str>, Refusal> {
+    let mut all = headers.get_all(name).iter();
+    let Some(first) = all.next() else {
+        return Ok(None);
+    };
+    if all.next().is_some() {
+        return Err(Refusal::unauthorized(
+            "duplicated_header",
+            format!("{name} is sent more than once"),
+        ));
+    }
+    let v = first
+        .to_str()
+        .map_err(|_| Refusal::unauthorized("bad_header", format!("{name} is not visible ASCII")))?
+        .trim();
+    Ok(Some(v).filter(|v| !v.is_empty()))
+}
+
+/// [`single`], refusing a missing header.
+pub(crate) fn required<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str, Refusal> {
+    single(headers, name)?
+        .ok_or_else(|| Refusal::unauthorized("missing_header", format!("{name} header missing")))
+}
+
+/// A header that names or identifies the delivery (not verification): missing or doubled is a
+/// 400.
+pub(crate) fn header_400<'h>(
+    headers: &'h HeaderMap,
+    name: &str,
+) -> Result<Option<&'h str>, Refusal> {
+    single(headers, name).map_err(|mut r| {
+        r.status = StatusCode::BAD_REQUEST;
+        r
+    })
+}
+
+/// The first value of a header, for logs.
+pub(crate) fn first<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Checks a unix-seconds timestamp against `tolerance` in both directions.
+pub(crate) fn check_timestamp(
+    header: &str,
+    value: &str,
+    now: i64,
+    tolerance: Duration,
+) -> Result<i64, Refusal> {
+    let t: i64 = value.trim().parse().map_err(|_| {
+        Refusal::unauthorized("bad_timestamp", format!("{header} is not a unix timestamp"))
+    })?;
+    let skew = now - t;
+    if skew.unsigned_abs() > tolerance.as_secs() {
+        let (dir, by) = if skew > 0 {
+            ("old", skew)
+        } else {
+            ("in the future", -skew)
+        };
+        return Err(Refusal::unauthorized(
+            "stale",
+            format!(
+                "{header} is {by} s {dir}, outside the tolerance of {} s (replayed, or a clock is off)",
+                tolerance.as_secs()
+            ),
+        ));
+    }
+    Ok(t)
+}
+
+/// Decodes lowercase or uppercase hex; `None` for anything else.
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
+    hex::decode(s).ok()
+}
+
+pub(crate) fn unbase64(s: &str) -> Option<Vec<u8>> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(s))
+        .ok()
+}
+
+/// The body as UTF-8 JSON text, or a 400.
+pub(crate) fn json_text(body: &Bytes) -> Result<&str, Refusal> {
+    let text = std::str::from_utf8(body)
+        .map_err(|_| Refusal::bad_request("invalid_event", "the body is not UTF-8 JSON"))?;
+    if !sluice_core::event::is_json(body) {
+        return Err(Refusal::bad_request(
+            "invalid_event",
+            "the body is not a JSON document",
+        ));
+    }
+    Ok(text)
+}
+
+/// A scalar at `path` as text: strings unescaped, numbers and booleans as written.
+pub(crate) fn text_at(json: &str, path: &str) -> Option<String> {
+    let v = gjson::get(json, path);
+    match v.kind() {
+        gjson::Kind::String => Some(v.str().to_owned()).filter(|s| !s.is_empty()),
+        gjson::Kind::Number | gjson::Kind::True | gjson::Kind::False => Some(v.json().to_owned()),
+        _ => None,
+    }
+}
+
+/// A time at the first of `paths` that holds one: RFC 3339 (or `+hhmm` offsets) or unix
+/// seconds (milliseconds when it is that large).
+pub(crate) fn time_at(json: &str, paths: &[&str]) -> Option<Timestamp> {
+    paths.iter().find_map(|p| {
+        let v = gjson::get(json, p);
+        match v.kind() {
+            gjson::Kind::String => parse_time(v.str()),
+            gjson::Kind::Number => unix_time(v.i64()),
+            _ => None,
+        }
+    })
+}
+
+pub(crate) fn parse_time(s: &str) -> Option<Timestamp> {
+    Timestamp::parse(s).ok().or_else(|| {
+        chrono::DateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f%z")
+            .ok()
+            .map(|t| Timestamp::from_utc(t.to_utc()))
+    })
+}
+
+pub(crate) fn unix_time(n: i64) -> Option<Timestamp> {
+    let secs_or_ms = if n > 100_000_000_000 {
+        chrono::DateTime::from_timestamp_millis(n)
+    } else {
+        chrono::DateTime::from_timestamp(n, 0)
+    };
+    secs_or_ms.filter(|_| n > 0).map(Timestamp::from_utc)
+}
+
+/// The hex SHA-256 of `parts`, each followed by a NUL (so `("ab","c")` and `("a","bc")` differ).
+pub(crate) fn hash_id(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p);
+        h.update([0u8]);
+    }
+    hex::encode(h.finalize())
+}
+
+/// `events:` — which provider event names become events: exact names, `*`, or a `prefix*`.
+/// Empty lets everything through.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EventFilter(Vec<String>);
+
+impl EventFilter {
+    pub fn new(names: &[String]) -> Result<EventFilter, String> {
+        if let Some(bad) = names
+            .iter()
+            .find(|n| n.is_empty() || n[..n.len().saturating_sub(1)].contains('*'))
+        {
+            return Err(format!(
+                "events: {bad:?} is not an event name, `*`, or a name ending in `*`"
+            ));
+        }
+        Ok(EventFilter(names.to_vec()))
+    }
+
+    pub fn allows(&self, name: &str) -> bool {
+        self.0.is_empty()
+            || self.0.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => p == name,
+            })
+    }
+}
+
+/// Argo Events' git-provider data: `{"headers": {Canonical-Name: [values]}, "body": …,
+/// "metadata": {…}}` (`Authorization` left out).
+pub(crate) fn argo_headers_body(headers: &HeaderMap, body: &[u8], metadata: &[u8]) -> Bytes {
+    let mut data = Vec::with_capacity(body.len() + 512);
+    data.extend_from_slice(b"{\"headers\":");
+    crate::handler::write_argo_headers(&mut data, headers);
+    data.extend_from_slice(b",\"body\":");
+    data.extend_from_slice(body);
+    data.extend_from_slice(b",\"metadata\":");
+    data.extend_from_slice(metadata);
+    data.push(b'}');
+    Bytes::from(data)
+}
+
+/// `{"a": …}` → `{"k1":"v1","k2":"v2","a": …}` for a JSON object (GitHub's Argo shape injects
+/// `X-GitHub-Event` and `X-GitHub-Delivery`). Anything else is returned unchanged.
+pub(crate) fn inject_keys(body: &str, pairs: &[(&str, &str)]) -> Cow<'static, [u8]> {
+    let trimmed = body.trim_start();
+    let Some(rest) = trimmed.strip_prefix('{') else {
+        return Cow::Owned(body.as_bytes().to_vec());
+    };
+    let mut out = Vec::with_capacity(body.len() + 128);
+    out.push(b'{');
+    for (i, (k, v)) in pairs.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let _ = serde_json::to_writer(&mut out, k);
+        out.push(b':');
+        let _ = serde_json::to_writer(&mut out, v);
+    }
+    if !rest.trim_start().starts_with('}') {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest.as_bytes());
+    Cow::Owned(out)
+}
+
+/// Builds a JSON event and checks every attribute (values come from the payload).
+pub(crate) fn json_event(
+    id: String,
+    source: String,
+    ty: String,
+    subject: Option<String>,
+    time: Option<Timestamp>,
+    data: Bytes,
+) -> Result<Event, Refusal> {
+    let mut e = Event::new(id, source, ty)
+        .with_time(time.unwrap_or_else(Timestamp::now))
+        .with_json(data);
+    e.subject = subject;
+    e.validate()
+        .map_err(|err| Refusal::bad_request("invalid_event", format!("cannot make a CloudEvent: {err}")))?;
+    Ok(e)
+}
+
+/// `{key: value}` (the first value of each key) for a urlencoded form.
+pub(crate) fn form_object(input: &[u8]) -> Bytes {
+    let mut map: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in form_urlencoded::parse(input) {
+        map.entry(k.into_owned()).or_insert_with(|| v.into_owned());
+    }
+    Bytes::from(serde_json::to_vec(&map).unwrap_or_else(|_| b"{}".to_vec()))
+}
+
+/// The value of `key` in a urlencoded form.
+pub(crate) fn form_value(input: &[u8], key: &str) -> Option<String> {
+    form_urlencoded::parse(input)
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
+}
+
+/// Whether the request's content type is `application/x-www-form-urlencoded`.
+pub(crate) fn is_form(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_filter_patterns() {
+        let f = EventFilter::new(&["push".into(), "charge.*".into()]).unwrap();
+        assert!(f.allows("push"));
+        assert!(f.allows("charge.succeeded"));
+        assert!(!f.allows("pull_request"));
+        assert!(!f.allows("pushx"));
+        assert!(EventFilter::new(&[]).unwrap().allows("anything"));
+        assert!(EventFilter::new(&["*".into()]).unwrap().allows("x"));
+        assert!(EventFilter::new(&["a*b".into()]).is_err());
+    }
+
+    #[test]
+    fn timestamps_in_both_directions() {
+        let tol = Duration::from_secs(300);
+        assert!(check_timestamp("t", "1000", 1300, tol).is_ok());
+        assert_eq!(check_timestamp("t", "1000", 1301, tol).unwrap_err().metric, "stale");
+        assert_eq!(check_timestamp("t", "1302", 1001, tol).unwrap_err().metric, "stale");
+        assert_eq!(check_timestamp("t", "x", 1001, tol).unwrap_err().metric, "bad_timestamp");
+    }
+
+    #[test]
+    fn keys_are_injected_into_objects() {
+        let pairs = [("X-GitHub-Event", "push")];
+        assert_eq!(&inject_keys(r#"{"a":1}"#, &pairs)[..], br#"{"X-GitHub-Event":"push","a":1}"#);
+        assert_eq!(&inject_keys(" { } ", &pairs)[..], br#"{"X-GitHub-Event":"push" } "#);
+        assert_eq!(&inject_keys("[1]", &pairs)[..], b"[1]");
+    }
+
+    #[test]
+    fn times_from_payloads() {
+        let j = r#"{"a":"2019-05-15T15:20:33Z","b":1557933633,"c":"2017-09-19T09:58:11+1000","d":null}"#;
+        assert_eq!(time_at(j, &["d", "a"]).unwrap().as_str(), "2019-05-15T15:20:33Z");
+        assert_eq!(time_at(j, &["b"]).unwrap().as_str(), "2019-05-15T15:20:33Z");
+        assert_eq!(time_at(j, &["c"]).unwrap().as_str(), "2017-09-18T23:58:11Z");
+        assert!(time_at(j, &["missing"]).is_none());
+    }
+
+    #[test]
+    fn duplicated_and_missing_headers() {
+        let mut h = HeaderMap::new();
+        assert_eq!(required(&h, "x-sig").unwrap_err().metric, "missing_header");
+        h.append("x-sig", "a".parse().unwrap());
+        assert_eq!(required(&h, "x-sig").unwrap(), "a");
+        h.append("x-sig", "b".parse().unwrap());
+        assert_eq!(required(&h, "x-sig").unwrap_err().metric, "duplicated_header");
+    }
+}
