@@ -39,31 +39,31 @@ provider_config! {
 provider_source!(BitbucketServerConfig);
 
 impl BitbucketConfig {
-    fn auth_config(&self) -> Option<crate::AuthConfig> {
+    pub(crate) fn auth_config(&self) -> Option<crate::AuthConfig> {
         None
     }
 
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         super::check_secrets("secrets", &self.secrets, true)?;
         EventFilter::new(&self.events).map(drop)
     }
 
-    fn provider(&self) -> Result<Bitbucket, String> {
+    pub(crate) fn provider(&self) -> Result<Bitbucket, String> {
         Bitbucket::new(&self.secrets, &self.events, Flavor::Cloud)
     }
 }
 
 impl BitbucketServerConfig {
-    fn auth_config(&self) -> Option<crate::AuthConfig> {
+    pub(crate) fn auth_config(&self) -> Option<crate::AuthConfig> {
         None
     }
 
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         super::check_secrets("secrets", &self.secrets, false)?;
         EventFilter::new(&self.events).map(drop)
     }
 
-    fn provider(&self) -> Result<Bitbucket, String> {
+    pub(crate) fn provider(&self) -> Result<Bitbucket, String> {
         Bitbucket::new(&self.secrets, &self.events, Flavor::Server)
     }
 }

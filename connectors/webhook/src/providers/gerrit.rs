@@ -26,15 +26,15 @@ provider_config! {
 provider_source!(GerritConfig);
 
 impl GerritConfig {
-    fn auth_config(&self) -> Option<crate::AuthConfig> {
+    pub(crate) fn auth_config(&self) -> Option<crate::AuthConfig> {
         Some(self.auth.clone())
     }
 
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         EventFilter::new(&self.events).map(drop)
     }
 
-    fn provider(&self) -> Result<Gerrit, String> {
+    pub(crate) fn provider(&self) -> Result<Gerrit, String> {
         Ok(Gerrit {
             events: EventFilter::new(&self.events)?,
         })

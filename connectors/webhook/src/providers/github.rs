@@ -25,16 +25,16 @@ provider_config! {
 provider_source!(GithubConfig);
 
 impl GithubConfig {
-    fn auth_config(&self) -> Option<crate::AuthConfig> {
+    pub(crate) fn auth_config(&self) -> Option<crate::AuthConfig> {
         None
     }
 
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         super::check_secrets("secrets", &self.secrets, false)?;
         EventFilter::new(&self.events).map(drop)
     }
 
-    fn provider(&self) -> Result<Github, String> {
+    pub(crate) fn provider(&self) -> Result<Github, String> {
         Ok(Github {
             keys: Keys::new(
                 aws_lc_rs::hmac::HMAC_SHA256,

@@ -34,11 +34,11 @@ provider_config! {
 provider_source!(GitlabConfig);
 
 impl GitlabConfig {
-    fn auth_config(&self) -> Option<crate::AuthConfig> {
+    pub(crate) fn auth_config(&self) -> Option<crate::AuthConfig> {
         None
     }
 
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         if self.secrets.is_empty() && self.signing_secrets.is_empty() {
             return Err("give `secrets` (the hook's secret token) or `signing_secrets`".into());
         }
@@ -50,7 +50,7 @@ impl GitlabConfig {
         EventFilter::new(&self.events).map(drop)
     }
 
-    fn provider(&self) -> Result<Gitlab, String> {
+    pub(crate) fn provider(&self) -> Result<Gitlab, String> {
         let signing = self
             .signing_secrets
             .iter()

@@ -116,11 +116,11 @@ fn parse_signed(t: &str) -> Result<Vec<Piece>, String> {
 }
 
 impl HmacConfig {
-    fn auth_config(&self) -> Option<crate::AuthConfig> {
+    pub(crate) fn auth_config(&self) -> Option<crate::AuthConfig> {
         None
     }
 
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         super::check_secrets("secrets", &self.secrets, false)?;
         for (what, h) in [
             ("header", Some(&self.header)),
@@ -143,7 +143,7 @@ impl HmacConfig {
         EventFilter::new(&self.events).map(drop)
     }
 
-    fn provider(&self) -> Result<Hmac, String> {
+    pub(crate) fn provider(&self) -> Result<Hmac, String> {
         let alg = match self.algorithm {
             Algorithm::Sha1 => aws_lc_rs::hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY,
             Algorithm::Sha256 => aws_lc_rs::hmac::HMAC_SHA256,

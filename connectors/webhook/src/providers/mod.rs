@@ -445,7 +445,10 @@ pub(crate) fn is_form(headers: &HeaderMap) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests;
+
+#[cfg(test)]
+mod unit {
     use super::*;
 
     #[test]
@@ -496,3 +499,4 @@ mod tests {
         assert_eq!(required(&h, "x-sig").unwrap_err().metric, "duplicated_header");
     }
 }
+

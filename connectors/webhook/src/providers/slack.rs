@@ -30,16 +30,16 @@ provider_config! {
 provider_source!(SlackConfig);
 
 impl SlackConfig {
-    fn auth_config(&self) -> Option<crate::AuthConfig> {
+    pub(crate) fn auth_config(&self) -> Option<crate::AuthConfig> {
         None
     }
 
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         super::check_secrets("secrets", &self.secrets, false)?;
         EventFilter::new(&self.events).map(drop)
     }
 
-    fn provider(&self) -> Result<Slack, String> {
+    pub(crate) fn provider(&self) -> Result<Slack, String> {
         Ok(Slack {
             keys: Keys::new(
                 aws_lc_rs::hmac::HMAC_SHA256,

@@ -74,11 +74,11 @@ fn public_key(s: &str) -> Result<Vec<u8>, String> {
 }
 
 impl StandardWebhooksConfig {
-    fn auth_config(&self) -> Option<crate::AuthConfig> {
+    pub(crate) fn auth_config(&self) -> Option<crate::AuthConfig> {
         None
     }
 
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         if self.secrets.is_empty() && self.public_keys.is_empty() {
             return Err("give `secrets` (whsec_…) or `public_keys` (whpk_…)".into());
         }
@@ -96,7 +96,7 @@ impl StandardWebhooksConfig {
         EventFilter::new(&self.events).map(drop)
     }
 
-    fn provider(&self) -> Result<Standard, String> {
+    pub(crate) fn provider(&self) -> Result<Standard, String> {
         let secrets = self
             .secrets
             .iter()

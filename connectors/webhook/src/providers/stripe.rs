@@ -29,16 +29,16 @@ provider_config! {
 provider_source!(StripeConfig);
 
 impl StripeConfig {
-    fn auth_config(&self) -> Option<crate::AuthConfig> {
+    pub(crate) fn auth_config(&self) -> Option<crate::AuthConfig> {
         None
     }
 
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         super::check_secrets("secrets", &self.secrets, false)?;
         EventFilter::new(&self.events).map(drop)
     }
 
-    fn provider(&self) -> Result<Stripe, String> {
+    pub(crate) fn provider(&self) -> Result<Stripe, String> {
         Ok(Stripe {
             keys: Keys::new(
                 aws_lc_rs::hmac::HMAC_SHA256,
