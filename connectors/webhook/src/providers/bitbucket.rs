@@ -6,7 +6,8 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 use super::{
-    first, header_400, json_event, json_text, single, text_at, time_at, EventFilter, Keys, Naming,
+    Doc,
+    first, header_400, json_event, single, EventFilter, Keys, Naming,
     Provider, Refusal, Request, Secret, Verdict,
 };
 use crate::Format;
@@ -128,7 +129,8 @@ impl Provider for Bitbucket {
         if !self.events.allows(key) {
             return Ok(Verdict::Filtered);
         }
-        let json = json_text(req.body)?;
+        let doc = Doc::parse(req.body)?;
+        let json = doc.text();
         let id = match header_400(req.headers, self.id_header())? {
             Some(id) => id.to_owned(),
             None => super::hash_id(&[key.as_bytes(), req.body]),
@@ -147,19 +149,19 @@ impl Provider for Bitbucket {
         }
         let (source, subject, time) = match self.flavor {
             Flavor::Cloud => (
-                text_at(json, "repository.links.html.href").or_else(|| {
-                    text_at(json, "repository.full_name").map(|n| format!("https://bitbucket.org/{n}"))
+                doc.get("repository.links.html.href").or_else(|| {
+                    doc.get("repository.full_name").map(|n| format!("https://bitbucket.org/{n}"))
                 }),
-                text_at(json, "pullrequest.id")
-                    .or_else(|| text_at(json, "push.changes.0.new.name"))
-                    .or_else(|| text_at(json, "issue.id")),
-                time_at(json, &["pullrequest.updated_on", "push.changes.0.new.target.date"]),
+                doc.get("pullrequest.id")
+                    .or_else(|| doc.get("push.changes.0.new.name"))
+                    .or_else(|| doc.get("issue.id")),
+                doc.time(&["pullrequest.updated_on", "push.changes.0.new.target.date"]),
             ),
             Flavor::Server => (
-                text_at(json, "repository.links.self.0.href")
-                    .or_else(|| text_at(json, "pullRequest.toRef.repository.links.self.0.href")),
-                text_at(json, "pullRequest.id").or_else(|| text_at(json, "changes.0.refId")),
-                time_at(json, &["date"]),
+                doc.get("repository.links.self.0.href")
+                    .or_else(|| doc.get("pullRequest.toRef.repository.links.self.0.href")),
+                doc.get("pullRequest.id").or_else(|| doc.get("changes.0.refId")),
+                doc.time(&["date"]),
             ),
         };
         let source = source.unwrap_or_else(|| naming.source.to_owned());

@@ -6,7 +6,8 @@
 use http::HeaderMap;
 
 use super::{
-    json_event, json_text, text_at, unix_time, EventFilter, Naming, Provider, Refusal, Request,
+    Doc,
+    json_event, unix_time, EventFilter, Naming, Provider, Refusal, Request,
     Verdict,
 };
 use crate::Format;
@@ -56,22 +57,23 @@ impl Provider for Gerrit {
     }
 
     fn event(&self, req: &Request<'_>, naming: &Naming<'_>) -> Result<Verdict, Refusal> {
-        let json = json_text(req.body)?;
-        let ty = text_at(json, "type")
+        let doc = Doc::parse(req.body)?;
+        let json = doc.text();
+        let ty = doc.get("type")
             .ok_or_else(|| Refusal::bad_request("invalid_event", "the event has no `type`"))?;
         if !self.events.allows(&ty) {
             return Ok(Verdict::Filtered);
         }
-        let created = text_at(json, "eventCreatedOn").unwrap_or_default();
-        let change = text_at(json, "change.id")
-            .or_else(|| text_at(json, "change.number"))
+        let created = doc.get("eventCreatedOn").unwrap_or_default();
+        let change = doc.get("change.id")
+            .or_else(|| doc.get("change.number"))
             .unwrap_or_default();
-        let project = text_at(json, "change.project")
-            .or_else(|| text_at(json, "project"))
+        let project = doc.get("change.project")
+            .or_else(|| doc.get("project"))
             .unwrap_or_default();
-        let patch_set = text_at(json, "patchSet.number").unwrap_or_default();
+        let patch_set = doc.get("patchSet.number").unwrap_or_default();
         // Events without a change (ref-updated) are told apart by the ref update.
-        let refupdate = text_at(json, "refUpdate.newRev").unwrap_or_default();
+        let refupdate = doc.get("refUpdate.newRev").unwrap_or_default();
         let id = super::hash_id(&[
             ty.as_bytes(),
             created.as_bytes(),
@@ -93,7 +95,7 @@ impl Provider for Gerrit {
             return Ok(Verdict::Event { event: e, fresh: false });
         }
         // `https://host/c/project/+/123` → `https://host/project`.
-        let source = text_at(json, "change.url")
+        let source = doc.get("change.url")
             .and_then(|u| u.split_once("/c/").map(|(origin, _)| origin.to_owned()))
             .map(|origin| {
                 if project.is_empty() {
@@ -103,7 +105,7 @@ impl Provider for Gerrit {
                 }
             })
             .unwrap_or_else(|| naming.source.to_owned());
-        let subject = text_at(json, "change.number");
+        let subject = doc.get("change.number");
         let time = created.parse().ok().and_then(unix_time);
         let e = json_event(
             id,

@@ -6,7 +6,8 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 use super::{
-    first, header_400, inject_keys, json_event, json_text, single, text_at, time_at, EventFilter,
+    Doc,
+    first, header_400, inject_keys, json_event, single, EventFilter,
     Keys, Naming, Provider, Refusal, Request, Secret, Verdict,
 };
 use crate::Format;
@@ -113,17 +114,15 @@ impl Provider for Github {
             .to_owned();
         // A hook may be set to `application/x-www-form-urlencoded`: the JSON is in `payload`.
         let form_payload;
-        let json: &str = if super::is_form(req.headers) {
+        let doc = if super::is_form(req.headers) {
             form_payload = super::form_value(req.body, "payload").ok_or_else(|| {
                 Refusal::bad_request("invalid_event", "form body without a `payload` field")
             })?;
-            if !sluice_core::event::is_json(form_payload.as_bytes()) {
-                return Err(Refusal::bad_request("invalid_event", "`payload` is not JSON"));
-            }
-            &form_payload
+            Doc::parse(form_payload.as_bytes())?
         } else {
-            json_text(req.body)?
+            Doc::parse(req.body)?
         };
+        let json = doc.text();
         if naming.format == Format::Argo {
             let body = inject_keys(json, &[("X-GitHub-Event", event), ("X-GitHub-Delivery", &id)]);
             let data = super::argo_headers_body(req.headers, &body, naming.metadata);
@@ -137,8 +136,13 @@ impl Provider for Github {
             )?;
             return Ok(Verdict::Event { event: e, fresh: false });
         }
-        let (ty, source, subject, time) = name(event, json);
-        let data = Bytes::copy_from_slice(json.as_bytes());
+        let (ty, source, subject, time) = name(event, &doc);
+        // The body itself when it is the payload (no copy); the decoded form field otherwise.
+        let data = if std::ptr::eq(json.as_ptr(), req.body.as_ptr()) {
+            req.body.clone()
+        } else {
+            Bytes::copy_from_slice(json.as_bytes())
+        };
         let e = json_event(id, source, ty, subject, time, data)?;
         Ok(Verdict::Event { event: e, fresh: false })
     }
@@ -236,17 +240,17 @@ const RULES: &[Rule] = &[
 /// `com.github.<event>[.<action>]`, source from the first of these that is present.
 const FALLBACK_SOURCES: &[&str] = &["repository.url", "organization.url", "sender.url"];
 
-/// `(type, source, subject, time)` for `event` with payload `json`.
+/// `(type, source, subject, time)` for `event` with payload `doc`.
 fn name(
     event: &str,
-    json: &str,
+    doc: &Doc<'_>,
 ) -> (String, String, Option<String>, Option<sluice_core::event::Timestamp>) {
     let rule = RULES.iter().find(|r| r.event == event);
     let mut ty = format!("com.github.{}", rule.and_then(|r| r.base).unwrap_or(event));
     let suffix = match rule.map(|r| &r.suffix).unwrap_or(&ACTION) {
         Suffix::None => None,
-        Suffix::At(p) => text_at(json, p),
-        Suffix::ScopeAction => match (text_at(json, "scope"), text_at(json, "action")) {
+        Suffix::At(p) => doc.get(p),
+        Suffix::ScopeAction => match (doc.get("scope"), doc.get("action")) {
             (Some(s), Some(a)) => Some(format!("{s}.{a}")),
             (s, a) => s.or(a),
         },
@@ -257,19 +261,19 @@ fn name(
     }
     let source = rule
         .and_then(|r| match &r.source {
-            Src::At(p) => text_at(json, p),
-            Src::CommentCommit => match (text_at(json, "comment.url"), text_at(json, "comment.commit_id")) {
+            Src::At(p) => doc.get(p),
+            Src::CommentCommit => match (doc.get("comment.url"), doc.get("comment.commit_id")) {
                 (Some(u), Some(c)) => Some(format!("{u}/{c}")),
                 _ => None,
             },
-            Src::SenderParent => text_at(json, "sender.url")
+            Src::SenderParent => doc.get("sender.url")
                 .map(|u| u.rsplit_once('/').map(|(p, _)| p.to_owned()).unwrap_or(u)),
             Src::Const(c) => Some((*c).to_owned()),
         })
-        .or_else(|| FALLBACK_SOURCES.iter().find_map(|p| text_at(json, p)))
+        .or_else(|| FALLBACK_SOURCES.iter().find_map(|p| doc.get(p)))
         .unwrap_or_else(|| "https://github.com".to_owned());
-    let subject = rule.and_then(|r| r.subject).and_then(|p| text_at(json, p));
-    let time = rule.and_then(|r| time_at(json, r.time));
+    let subject = rule.and_then(|r| r.subject).and_then(|p| doc.get(p));
+    let time = rule.and_then(|r| doc.time(r.time));
     (ty, source, subject, time)
 }
 
@@ -277,35 +281,42 @@ fn name(
 mod tests {
     use super::*;
 
+    fn name_of(
+        event: &str,
+        json: &str,
+    ) -> (String, String, Option<String>, Option<sluice_core::event::Timestamp>) {
+        name(event, &Doc::parse(json.as_bytes()).unwrap())
+    }
+
     #[test]
     fn names_follow_the_adapter() {
         let push = r#"{"ref":"refs/heads/main","repository":{"url":"https://github.com/octo/hello"}}"#;
-        let (ty, source, subject, _) = name("push", push);
+        let (ty, source, subject, _) = name_of("push", push);
         assert_eq!(ty, "com.github.push");
         assert_eq!(source, "https://github.com/octo/hello");
         assert_eq!(subject.as_deref(), Some("refs/heads/main"));
 
         let pr = r#"{"action":"opened","number":42,"pull_request":{"updated_at":"2019-05-15T15:20:33Z"},"repository":{"url":"https://api.github.com/repos/octo/hello"}}"#;
-        let (ty, source, subject, time) = name("pull_request", pr);
+        let (ty, source, subject, time) = name_of("pull_request", pr);
         assert_eq!(ty, "com.github.pull_request.opened");
         assert_eq!(source, "https://api.github.com/repos/octo/hello");
         assert_eq!(subject.as_deref(), Some("42"));
         assert_eq!(time.unwrap().as_str(), "2019-05-15T15:20:33Z");
 
         let issues = r#"{"action":"closed","issue":{"number":7},"repository":{"url":"u:r"}}"#;
-        assert_eq!(name("issues", issues).0, "com.github.issue.closed");
+        assert_eq!(name_of("issues", issues).0, "com.github.issue.closed");
         let create = r#"{"ref":"v1","ref_type":"tag","repository":{"url":"u:r"}}"#;
-        assert_eq!(name("create", create).0, "com.github.create.tag");
+        assert_eq!(name_of("create", create).0, "com.github.create.tag");
         let m = r#"{"action":"added","scope":"team","team":{"url":"u:t"},"member":{"login":"x"}}"#;
-        let (ty, source, ..) = name("membership", m);
+        let (ty, source, ..) = name_of("membership", m);
         assert_eq!((ty.as_str(), source.as_str()), ("com.github.membership.team.added", "u:t"));
         let cc = r#"{"action":"created","comment":{"url":"https://api.github.com/c/1","commit_id":"abc","id":1}}"#;
-        assert_eq!(name("commit_comment", cc).1, "https://api.github.com/c/1/abc");
+        assert_eq!(name_of("commit_comment", cc).1, "https://api.github.com/c/1/abc");
         let mp = r#"{"action":"purchased","sender":{"url":"https://api.github.com/users/octocat"}}"#;
-        assert_eq!(name("marketplace_purchase", mp).1, "https://api.github.com/users");
+        assert_eq!(name_of("marketplace_purchase", mp).1, "https://api.github.com/users");
         // Not in the adapter's table: named by the same pattern.
         let wr = r#"{"action":"completed","repository":{"url":"u:r"}}"#;
-        assert_eq!(name("workflow_run", wr).0, "com.github.workflow_run.completed");
-        assert_eq!(name("workflow_run", "{}").1, "https://github.com");
+        assert_eq!(name_of("workflow_run", wr).0, "com.github.workflow_run.completed");
+        assert_eq!(name_of("workflow_run", "{}").1, "https://github.com");
     }
 }

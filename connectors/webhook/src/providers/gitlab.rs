@@ -7,7 +7,8 @@ use http::HeaderMap;
 
 use super::standard::{secret_key, Verifier};
 use super::{
-    first, header_400, json_event, json_text, single, text_at, time_at, token_matches,
+    Doc,
+    first, header_400, json_event, single, token_matches,
     EventFilter, Keys, Naming, Provider, Refusal, Request, Secret, Verdict,
 };
 use crate::Format;
@@ -99,9 +100,10 @@ impl Provider for Gitlab {
     }
 
     fn event(&self, req: &Request<'_>, naming: &Naming<'_>) -> Result<Verdict, Refusal> {
-        let json = json_text(req.body)?;
-        let kind = text_at(json, "object_kind")
-            .or_else(|| text_at(json, "event_name"))
+        let doc = Doc::parse(req.body)?;
+        let json = doc.text();
+        let kind = doc.get("object_kind")
+            .or_else(|| doc.get("event_name"))
             .unwrap_or_else(|| "unknown".into());
         let header_event = header_400(req.headers, "x-gitlab-event")?;
         if !self.events.allows(&kind) && !header_event.is_some_and(|h| self.events.allows(h)) {
@@ -126,7 +128,7 @@ impl Provider for Gitlab {
             )?;
             return Ok(Verdict::Event { event: e, fresh: false });
         }
-        let (ty, source, subject, time) = name(&kind, json);
+        let (ty, source, subject, time) = name(&kind, &doc);
         let e = json_event(id, source, ty, subject, time, req.body.clone())?;
         Ok(Verdict::Event { event: e, fresh: false })
     }
@@ -149,8 +151,8 @@ fn snake(s: &str) -> String {
 }
 
 /// `object_attributes.url` without its `#note_…` part.
-fn note_url(json: &str) -> Option<String> {
-    text_at(json, "object_attributes.url").map(|u| match u.split_once("#note_") {
+fn note_url(doc: &Doc<'_>) -> Option<String> {
+    doc.get("object_attributes.url").map(|u| match u.split_once("#note_") {
         Some((base, _)) => base.to_owned(),
         None => u,
     })
@@ -159,47 +161,47 @@ fn note_url(json: &str) -> Option<String> {
 /// `(type, source, subject, time)` per the adapter, for `object_kind` = `kind`.
 fn name(
     kind: &str,
-    json: &str,
+    doc: &Doc<'_>,
 ) -> (String, String, Option<String>, Option<sluice_core::event::Timestamp>) {
-    let homepage = || text_at(json, "repository.homepage");
-    let web_url = || text_at(json, "project.web_url");
-    let attr = |p: &str| text_at(json, &format!("object_attributes.{p}"));
+    let homepage = || doc.get("repository.homepage");
+    let web_url = || doc.get("project.web_url");
+    let attr = |p: &str| doc.get(&format!("object_attributes.{p}"));
     let with = |base: &str, suffix: Option<String>| match suffix {
         Some(s) => format!("com.gitlab.{base}.{s}"),
         None => format!("com.gitlab.{base}"),
     };
     let (ty, source, subject, time) = match kind {
-        "push" => (with("push", None), homepage(), text_at(json, "checkout_sha"), None),
-        "tag_push" => (with("tag_push", None), homepage(), text_at(json, "ref"), None),
+        "push" => (with("push", None), homepage(), doc.get("checkout_sha"), None),
+        "tag_push" => (with("tag_push", None), homepage(), doc.get("ref"), None),
         "issue" => (with("issue", attr("state")), homepage(), attr("iid"), None),
         "note" => {
             let on = attr("noteable_type").map(|t| snake(&t));
             let source = match on.as_deref() {
-                Some("commit") => text_at(json, "commit.url"),
-                _ => note_url(json),
+                Some("commit") => doc.get("commit.url"),
+                _ => note_url(doc),
             };
-            (with("note", on), source, attr("id"), time_at(json, &["object_attributes.created_at"]))
+            (with("note", on), source, attr("id"), doc.time(&["object_attributes.created_at"]))
         }
         "merge_request" => (
             with("merge_request", attr("action")),
             homepage(),
             attr("iid"),
-            time_at(json, &["object_attributes.created_at"]),
+            doc.time(&["object_attributes.created_at"]),
         ),
         "wiki_page" => (with("wiki_page", attr("action")), web_url(), attr("slug"), None),
         "pipeline" => (with("pipeline", attr("status")), web_url(), attr("id"), None),
         // The adapter says `job_status` / `job_id`; GitLab's job events carry `build_*`.
         "build" => (
-            with("job", text_at(json, "build_status").or_else(|| text_at(json, "job_status"))),
+            with("job", doc.get("build_status").or_else(|| doc.get("job_status"))),
             homepage(),
-            text_at(json, "build_id").or_else(|| text_at(json, "job_id")),
+            doc.get("build_id").or_else(|| doc.get("job_id")),
             None,
         ),
         other => (with(other, attr("action")), web_url(), attr("id"), None),
     };
     let source = source
-        .or_else(|| text_at(json, "project.web_url"))
-        .or_else(|| text_at(json, "repository.homepage"))
+        .or_else(|| doc.get("project.web_url"))
+        .or_else(|| doc.get("repository.homepage"))
         .unwrap_or_else(|| "https://gitlab.com".into());
     (ty, source, subject, time)
 }
@@ -208,27 +210,34 @@ fn name(
 mod tests {
     use super::*;
 
+    fn name_of(
+        event: &str,
+        json: &str,
+    ) -> (String, String, Option<String>, Option<sluice_core::event::Timestamp>) {
+        name(event, &Doc::parse(json.as_bytes()).unwrap())
+    }
+
     #[test]
     fn names_follow_the_adapter() {
         let push = r#"{"object_kind":"push","checkout_sha":"da15","repository":{"homepage":"http://example.com/mike/diaspora"}}"#;
-        let (ty, source, subject, _) = name("push", push);
+        let (ty, source, subject, _) = name_of("push", push);
         assert_eq!(ty, "com.gitlab.push");
         assert_eq!(source, "http://example.com/mike/diaspora");
         assert_eq!(subject.as_deref(), Some("da15"));
         let mr = r#"{"object_kind":"merge_request","object_attributes":{"iid":1,"action":"open","created_at":"2013-12-03T17:23:34Z"},"repository":{"homepage":"h:r"}}"#;
-        let (ty, _, subject, time) = name("merge_request", mr);
+        let (ty, _, subject, time) = name_of("merge_request", mr);
         assert_eq!(ty, "com.gitlab.merge_request.open");
         assert_eq!(subject.as_deref(), Some("1"));
         assert_eq!(time.unwrap().as_str(), "2013-12-03T17:23:34Z");
         let note = r#"{"object_kind":"note","object_attributes":{"id":5,"noteable_type":"MergeRequest","url":"http://example.com/g/p/-/merge_requests/1#note_1244"}}"#;
-        let (ty, source, ..) = name("note", note);
+        let (ty, source, ..) = name_of("note", note);
         assert_eq!(ty, "com.gitlab.note.merge_request");
         assert_eq!(source, "http://example.com/g/p/-/merge_requests/1");
         let job = r#"{"object_kind":"build","build_id":1977,"build_status":"created","repository":{"homepage":"h:r"}}"#;
-        let (ty, _, subject, _) = name("build", job);
+        let (ty, _, subject, _) = name_of("build", job);
         assert_eq!((ty.as_str(), subject.as_deref()), ("com.gitlab.job.created", Some("1977")));
         let pipe = r#"{"object_kind":"pipeline","object_attributes":{"id":31,"status":"success"},"project":{"web_url":"http://example.com/g/p"}}"#;
-        assert_eq!(name("pipeline", pipe).0, "com.gitlab.pipeline.success");
-        assert_eq!(name("pipeline", pipe).1, "http://example.com/g/p");
+        assert_eq!(name_of("pipeline", pipe).0, "com.gitlab.pipeline.success");
+        assert_eq!(name_of("pipeline", pipe).1, "http://example.com/g/p");
     }
 }

@@ -273,22 +273,97 @@ pub(crate) fn unbase64(s: &str) -> Option<Vec<u8>> {
         .ok()
 }
 
-/// The body as UTF-8 JSON text, or a 400.
-pub(crate) fn json_text(body: &Bytes) -> Result<&str, Refusal> {
-    let text = std::str::from_utf8(body)
-        .map_err(|_| Refusal::bad_request("invalid_event", "the body is not UTF-8 JSON"))?;
-    if !sluice_core::event::is_json(body) {
-        return Err(Refusal::bad_request(
-            "invalid_event",
-            "the body is not a JSON document",
-        ));
-    }
-    Ok(text)
+/// A JSON payload read once: the document is checked and its top-level members located in one
+/// pass (serde_json), so that naming an event looks only inside the few members it names,
+/// instead of scanning the whole body once per attribute.
+pub(crate) struct Doc<'a> {
+    json: &'a str,
+    /// `None` when the top level is not an object with plain keys (then paths go through gjson
+    /// over the whole text).
+    top: Option<Vec<(&'a str, &'a serde_json::value::RawValue)>>,
 }
 
-/// A scalar at `path` as text: strings unescaped, numbers and booleans as written.
-pub(crate) fn text_at(json: &str, path: &str) -> Option<String> {
-    let v = gjson::get(json, path);
+struct Top<'a>(Vec<(&'a str, &'a serde_json::value::RawValue)>);
+
+impl<'de> Deserialize<'de> for Top<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Top<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Top<'de>, A::Error> {
+                let mut v = Vec::with_capacity(32);
+                while let Some(entry) = m.next_entry::<&'de str, &'de serde_json::value::RawValue>()? {
+                    v.push(entry);
+                }
+                Ok(Top(v))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'a> Doc<'a> {
+    /// The body as a JSON document, or a 400.
+    pub fn parse(body: &'a [u8]) -> Result<Doc<'a>, Refusal> {
+        let json = std::str::from_utf8(body)
+            .map_err(|_| Refusal::bad_request("invalid_event", "the body is not UTF-8 JSON"))?;
+        match serde_json::from_str::<Top<'a>>(json) {
+            Ok(Top(top)) => Ok(Doc { json, top: Some(top) }),
+            // Valid, but an array, a scalar, or an object with escaped keys.
+            Err(_) if sluice_core::event::is_json(body) => Ok(Doc { json, top: None }),
+            Err(_) => Err(Refusal::bad_request("invalid_event", "the body is not a JSON document")),
+        }
+    }
+
+    pub fn text(&self) -> &'a str {
+        self.json
+    }
+
+    /// The value at a dotted `path` (`repository.url`, `changes.0.refId`), as text: strings
+    /// unescaped, numbers and booleans as written; `None` for absent, null, objects, arrays and
+    /// empty strings.
+    pub fn get(&self, path: &str) -> Option<String> {
+        let Some(top) = &self.top else {
+            return text_at(self.json, path);
+        };
+        let (head, rest) = path.split_once('.').unwrap_or((path, ""));
+        let raw = top.iter().find(|(k, _)| *k == head)?.1.get();
+        if rest.is_empty() {
+            scalar(&gjson::parse(raw))
+        } else {
+            text_at(raw, rest)
+        }
+    }
+
+    /// The time at the first of `paths` that holds one (see [`time_at`]).
+    pub fn time(&self, paths: &[&str]) -> Option<Timestamp> {
+        let Some(top) = &self.top else {
+            return time_at(self.json, paths);
+        };
+        paths.iter().find_map(|p| {
+            let (head, rest) = p.split_once('.').unwrap_or((p, ""));
+            let raw = top.iter().find(|(k, _)| *k == head)?.1.get();
+            if rest.is_empty() {
+                time_of(&gjson::parse(raw))
+            } else {
+                time_of(&gjson::get(raw, rest))
+            }
+        })
+    }
+
+    /// The raw JSON of a top-level member (Slack's `event`).
+    pub fn raw(&self, key: &str) -> Option<&'a str> {
+        match &self.top {
+            Some(top) => top.iter().find(|(k, _)| *k == key).map(|(_, v)| v.get()),
+            None => None,
+        }
+    }
+}
+
+fn scalar(v: &gjson::Value<'_>) -> Option<String> {
     match v.kind() {
         gjson::Kind::String => Some(v.str().to_owned()).filter(|s| !s.is_empty()),
         gjson::Kind::Number | gjson::Kind::True | gjson::Kind::False => Some(v.json().to_owned()),
@@ -296,34 +371,54 @@ pub(crate) fn text_at(json: &str, path: &str) -> Option<String> {
     }
 }
 
+fn time_of(v: &gjson::Value<'_>) -> Option<Timestamp> {
+    match v.kind() {
+        gjson::Kind::String => parse_time(v.str()),
+        gjson::Kind::Number => unix_time(v.i64()),
+        _ => None,
+    }
+}
+
+/// A scalar at `path` as text: strings unescaped, numbers and booleans as written.
+pub(crate) fn text_at(json: &str, path: &str) -> Option<String> {
+    scalar(&gjson::get(json, path))
+}
+
 /// A time at the first of `paths` that holds one: RFC 3339 (or `+hhmm` offsets) or unix
 /// seconds (milliseconds when it is that large).
 pub(crate) fn time_at(json: &str, paths: &[&str]) -> Option<Timestamp> {
-    paths.iter().find_map(|p| {
-        let v = gjson::get(json, p);
-        match v.kind() {
-            gjson::Kind::String => parse_time(v.str()),
-            gjson::Kind::Number => unix_time(v.i64()),
-            _ => None,
-        }
-    })
+    paths.iter().find_map(|p| time_of(&gjson::get(json, p)))
 }
 
+/// RFC 3339, else the shapes providers send: `+hhmm` offsets (Bitbucket Server) and
+/// `2013-12-03 17:23:34 UTC` (GitLab).
 pub(crate) fn parse_time(s: &str) -> Option<Timestamp> {
-    Timestamp::parse(s).ok().or_else(|| {
-        chrono::DateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f%z")
-            .ok()
-            .map(|t| Timestamp::from_utc(t.to_utc()))
-    })
+    if let Ok(t) = Timestamp::parse(s) {
+        return Some(t);
+    }
+    ["%Y-%m-%dT%H:%M:%S%.f%z", "%Y-%m-%d %H:%M:%S%.f %z"]
+        .iter()
+        .find_map(|f| chrono::DateTime::parse_from_str(s, f).ok())
+        .map(|t| t.to_utc())
+        .or_else(|| {
+            let naive = s.strip_suffix(" UTC")?;
+            chrono::NaiveDateTime::parse_from_str(naive, "%Y-%m-%d %H:%M:%S%.f")
+                .ok()
+                .map(|t| t.and_utc())
+        })
+        .map(Timestamp::from_utc)
 }
 
+/// Unix seconds, or milliseconds / microseconds when the number is that large.
 pub(crate) fn unix_time(n: i64) -> Option<Timestamp> {
-    let secs_or_ms = if n > 100_000_000_000 {
+    let at = if n > 100_000_000_000_000 {
+        chrono::DateTime::from_timestamp_micros(n)
+    } else if n > 100_000_000_000 {
         chrono::DateTime::from_timestamp_millis(n)
     } else {
         chrono::DateTime::from_timestamp(n, 0)
     };
-    secs_or_ms.filter(|_| n > 0).map(Timestamp::from_utc)
+    at.filter(|_| n > 0).map(Timestamp::from_utc)
 }
 
 /// The hex SHA-256 of `parts`, each followed by a NUL (so `("ab","c")` and `("a","bc")` differ).
@@ -452,6 +547,25 @@ mod unit {
     use super::*;
 
     #[test]
+    fn doc_paths_match_gjson_over_the_whole_text() {
+        let j = br#"{"a":{"b":[{"c":"x"}],"n":7},"s":"t\u00e9","e":"","z":null,"t":"2019-05-15T15:20:33Z"}"#;
+        let d = Doc::parse(j).unwrap();
+        assert!(d.top.is_some());
+        let text = std::str::from_utf8(j).unwrap();
+        for p in ["a.b.0.c", "a.n", "s", "e", "z", "missing", "a.missing", "a"] {
+            assert_eq!(d.get(p), text_at(text, p), "{p}");
+        }
+        assert_eq!(d.get("s").as_deref(), Some("t\u{e9}"));
+        assert_eq!(d.time(&["z", "t"]).unwrap().as_str(), "2019-05-15T15:20:33Z");
+        // Escaped keys and non-objects fall back to gjson over the text.
+        let d = Doc::parse(br#"{"k\u0065y":"v"}"#).unwrap();
+        assert!(d.top.is_none());
+        assert!(Doc::parse(b"[1,2]").is_ok());
+        assert_eq!(Doc::parse(b"{\"a\":").err().unwrap().metric, "invalid_event");
+        assert_eq!(Doc::parse(b"\xff").err().unwrap().metric, "invalid_event");
+    }
+
+    #[test]
     fn event_filter_patterns() {
         let f = EventFilter::new(&["push".into(), "charge.*".into()]).unwrap();
         assert!(f.allows("push"));
@@ -487,6 +601,10 @@ mod unit {
         assert_eq!(time_at(j, &["b"]).unwrap().as_str(), "2019-05-15T15:20:33Z");
         assert_eq!(time_at(j, &["c"]).unwrap().as_str(), "2017-09-18T23:58:11Z");
         assert!(time_at(j, &["missing"]).is_none());
+        assert_eq!(parse_time("2013-12-03 17:23:34 UTC").unwrap().as_str(), "2013-12-03T17:23:34Z");
+        assert_eq!(parse_time("2013-12-03 17:23:34 +0200").unwrap().as_str(), "2013-12-03T15:23:34Z");
+        assert_eq!(unix_time(1515449522000016).unwrap().as_str(), "2018-01-08T22:12:02.000016Z");
+        assert_eq!(unix_time(1515449522000).unwrap().as_str(), "2018-01-08T22:12:02Z");
     }
 
     #[test]

@@ -7,7 +7,8 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 use super::{
-    check_timestamp, form_object, form_value, is_form, json_event, json_text, required, text_at,
+    Doc,
+    check_timestamp, form_object, form_value, is_form, json_event, required,
     unix_time, EventFilter, Keys, Naming, Provider, Refusal, Request, Secret, Verdict,
 };
 use crate::Format;
@@ -103,17 +104,14 @@ impl Provider for Slack {
                 return Ok(Verdict::Reply(StatusCode::OK, Bytes::new()));
             }
             if let Some(payload) = form_value(body, "payload") {
-                if !sluice_core::event::is_json(payload.as_bytes()) {
-                    return Err(Refusal::bad_request("invalid_event", "`payload` is not JSON"));
-                }
-                let kind = text_at(&payload, "type").unwrap_or_else(|| "interaction".into());
                 let data = Bytes::from(payload.into_bytes());
-                let text = std::str::from_utf8(&data).unwrap_or_default();
+                let pdoc = Doc::parse(&data)?;
+                let kind = pdoc.get("type").unwrap_or_else(|| "interaction".into());
                 (
                     kind,
                     super::hash_id(&[body]),
-                    team_source(text_at(text, "team.id")),
-                    text_at(text, "channel.id"),
+                    team_source(pdoc.get("team.id")),
+                    pdoc.get("channel.id"),
                     None,
                     data.clone(),
                     data,
@@ -136,29 +134,29 @@ impl Provider for Slack {
                 ));
             }
         } else {
-            let json = json_text(req.body)?;
-            match text_at(json, "type").as_deref() {
+            let doc = Doc::parse(req.body)?;
+            match doc.get("type").as_deref() {
                 Some("url_verification") => {
-                    let challenge = text_at(json, "challenge").unwrap_or_default();
+                    let challenge = doc.get("challenge").unwrap_or_default();
                     let body = serde_json::json!({ "challenge": challenge }).to_string();
                     return Ok(Verdict::Reply(StatusCode::OK, Bytes::from(body)));
                 }
                 Some("event_callback") => {
-                    let inner = gjson::get(json, "event");
+                    let inner = doc.raw("event").unwrap_or("null");
                     (
-                        text_at(json, "event.type").unwrap_or_else(|| "event_callback".into()),
-                        text_at(json, "event_id").unwrap_or_else(|| super::hash_id(&[body])),
-                        team_source(text_at(json, "team_id")),
-                        text_at(json, "event.channel"),
-                        Some(gjson::get(json, "event_time").i64()),
+                        doc.get("event.type").unwrap_or_else(|| "event_callback".into()),
+                        doc.get("event_id").unwrap_or_else(|| super::hash_id(&[body])),
+                        team_source(doc.get("team_id")),
+                        doc.get("event.channel"),
+                        doc.get("event_time").and_then(|t| t.parse().ok()),
                         req.body.clone(),
-                        Bytes::copy_from_slice(inner.json().as_bytes()),
+                        Bytes::copy_from_slice(inner.as_bytes()),
                     )
                 }
                 other => (
                     other.unwrap_or("unknown").to_owned(),
-                    text_at(json, "event_id").unwrap_or_else(|| super::hash_id(&[body])),
-                    team_source(text_at(json, "team_id")),
+                    doc.get("event_id").unwrap_or_else(|| super::hash_id(&[body])),
+                    team_source(doc.get("team_id")),
                     None,
                     None,
                     req.body.clone(),

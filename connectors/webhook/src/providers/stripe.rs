@@ -6,7 +6,8 @@
 use http::HeaderMap;
 
 use super::{
-    check_timestamp, json_event, json_text, required, text_at, unix_time, EventFilter, Keys,
+    Doc,
+    check_timestamp, json_event, required, unix_time, EventFilter, Keys,
     Naming, Provider, Refusal, Request, Secret, Verdict,
 };
 use crate::Format;
@@ -100,13 +101,14 @@ impl Provider for Stripe {
     }
 
     fn event(&self, req: &Request<'_>, naming: &Naming<'_>) -> Result<Verdict, Refusal> {
-        let json = json_text(req.body)?;
-        let ty = text_at(json, "type")
+        let doc = Doc::parse(req.body)?;
+        let json = doc.text();
+        let ty = doc.get("type")
             .ok_or_else(|| Refusal::bad_request("invalid_event", "the event has no `type`"))?;
         if !self.events.allows(&ty) {
             return Ok(Verdict::Filtered);
         }
-        let id = text_at(json, "id")
+        let id = doc.get("id")
             .ok_or_else(|| Refusal::bad_request("invalid_event", "the event has no `id`"))?;
         if naming.format == Format::Argo {
             let mut data = Vec::with_capacity(json.len() + 64);
@@ -126,12 +128,12 @@ impl Provider for Stripe {
             return Ok(Verdict::Event { event: e, fresh: false });
         }
         // Connect events name the connected account.
-        let source = match text_at(json, "account") {
+        let source = match doc.get("account") {
             Some(acct) => format!("https://stripe.com/{acct}"),
             None => "https://stripe.com".to_owned(),
         };
-        let subject = text_at(json, "data.object.id");
-        let time = gjson::get(json, "created").i64();
+        let subject = doc.get("data.object.id");
+        let time = doc.get("created").and_then(|t| t.parse().ok()).unwrap_or(0);
         let e = json_event(
             id,
             source,
