@@ -536,11 +536,12 @@ fn canonical(name: &str) -> String {
 }
 
 /// The request headers as Go's `http.Header` marshals them: `{Canonical-Name: [values]}`,
-/// `Authorization` left out (the secret never reaches the event).
+/// `Authorization` and `X-Gitlab-Token` left out (secrets never reach the event).
 pub(crate) fn write_argo_headers(out: &mut Vec<u8>, headers: &HeaderMap) {
     let mut map: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for (k, v) in headers {
-        if k == http::header::AUTHORIZATION {
+        // Secrets that travel in headers never reach the event.
+        if k == http::header::AUTHORIZATION || k == "x-gitlab-token" {
             continue;
         }
         if let Ok(v) = v.to_str() {

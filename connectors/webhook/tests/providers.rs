@@ -237,6 +237,29 @@ async fn gitlab_samples_with_token_and_idempotency_key() {
 }
 
 #[tokio::test]
+async fn gitlab_argo_shape_keeps_the_token_out() {
+    let h = start::<sluice_webhook::GitlabConfig>(
+        "gl-argo",
+        json!({ "secrets": ["gl-secret-token"], "format": "argo" }),
+    )
+    .await;
+    let push = sample("gitlab-push.json");
+    let headers = vec![
+        ("x-gitlab-event", "Push Hook".to_owned()),
+        ("x-gitlab-token", "gl-secret-token".to_owned()),
+        ("x-gitlab-event-uuid", "uuid-argo".to_owned()),
+    ];
+    assert_eq!(post(h.addr, &headers, &push).await.0, StatusCode::OK);
+    let e = &h.got.wait_for(1).await[0];
+    assert_eq!((e.ty.as_str(), e.id.as_str()), ("gitlab", "uuid-argo"));
+    let data = json_data(e);
+    assert_eq!(data["headers"]["X-Gitlab-Event"], json!(["Push Hook"]));
+    assert_eq!(data["body"]["object_kind"], "push");
+    let encoded = String::from_utf8(sluice_core::format::encode_event(e)).unwrap();
+    assert!(!encoded.contains("gl-secret-token"), "the token never reaches the event");
+}
+
+#[tokio::test]
 async fn bitbucket_cloud_and_server_samples() {
     let cloud = start::<sluice_webhook::BitbucketConfig>("bbc", json!({ "secrets": ["bb"] })).await;
     let push = sample("bitbucket-repo-push.json");

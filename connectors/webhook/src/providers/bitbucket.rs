@@ -50,6 +50,12 @@ impl BitbucketConfig {
     }
 
     pub(crate) fn provider(&self) -> Result<Bitbucket, String> {
+        if self.secrets.is_empty() {
+            tracing::warn!(
+                path = self.path.as_deref().unwrap_or("/bitbucket"),
+                "bitbucket: no `secrets`: requests are not verified (set the hook's secret in Bitbucket and here)"
+            );
+        }
         Bitbucket::new(&self.secrets, &self.events, Flavor::Cloud)
     }
 }

@@ -1,7 +1,6 @@
 //! `kind: gerrit` — Gerrit's webhooks plugin signs nothing, so requests are checked with basic
 //! auth or a bearer token (`auth`, as on `kind: webhook`); type `com.googlesource.gerrit.<type>`;
-//! id = a hash of the event's `type`, `eventCreatedOn`, change and patch set, which a retry of
-//! the same event repeats.
+//! id = the SHA-256 of the body, which a retry of the same event repeats.
 
 use http::HeaderMap;
 
@@ -64,24 +63,17 @@ impl Provider for Gerrit {
         if !self.events.allows(&ty) {
             return Ok(Verdict::Filtered);
         }
+        // The webhooks plugin sends a retry with the very same body, and two distinct events
+        // never share one (each carries its own accounts, approvals, patch set, ref update): the
+        // body's hash is the stable id. (A hash of `type` + `eventCreatedOn` + change alone would
+        // merge events of one second, e.g. several reviewers added at once.)
+        let id = super::hash_id(&[req.body]);
         let created = doc.get("eventCreatedOn").unwrap_or_default();
-        let change = doc.get("change.id")
-            .or_else(|| doc.get("change.number"))
-            .unwrap_or_default();
-        let project = doc.get("change.project")
+        let project = doc
+            .get("change.project")
             .or_else(|| doc.get("project"))
+            .or_else(|| doc.get("project.name"))
             .unwrap_or_default();
-        let patch_set = doc.get("patchSet.number").unwrap_or_default();
-        // Events without a change (ref-updated) are told apart by the ref update.
-        let refupdate = doc.get("refUpdate.newRev").unwrap_or_default();
-        let id = super::hash_id(&[
-            ty.as_bytes(),
-            created.as_bytes(),
-            project.as_bytes(),
-            change.as_bytes(),
-            patch_set.as_bytes(),
-            refupdate.as_bytes(),
-        ]);
         if naming.format == Format::Argo {
             let data = super::argo_headers_body(req.headers, json.as_bytes(), naming.metadata);
             let e = json_event(

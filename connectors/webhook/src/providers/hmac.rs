@@ -136,6 +136,9 @@ impl HmacConfig {
         if pieces.contains(&Piece::Timestamp) && self.timestamp_header.is_none() {
             return Err("signed: {timestamp} needs `timestamp_header`".into());
         }
+        if self.timestamp_header.is_some() && !pieces.contains(&Piece::Timestamp) {
+            return Err("timestamp_header is set but `signed` has no {timestamp}: an unsigned timestamp stops no replay (e.g. signed: \"{timestamp}.{body}\")".into());
+        }
         if self.format == Format::Argo {
             return Err("format: argo is not available for kind hmac (Argo has no such source); use kind webhook for Argo's shape".into());
         }

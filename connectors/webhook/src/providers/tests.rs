@@ -332,6 +332,12 @@ fn generic_hmac_options() {
     }))
     .unwrap();
     assert!(bad.check().unwrap_err().contains("timestamp_header"));
+    // A timestamp header that is not signed stops no replay: refused too.
+    let unsigned: super::hmac::HmacConfig = serde_json::from_value(json!({
+        "header": "X-Sig", "secrets": ["k"], "timestamp_header": "X-Ts",
+    }))
+    .unwrap();
+    assert!(unsigned.check().unwrap_err().contains("{timestamp}"));
 }
 
 #[test]
