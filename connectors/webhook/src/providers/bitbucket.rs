@@ -90,10 +90,7 @@ pub(crate) struct Bitbucket {
 impl Bitbucket {
     fn new(secrets: &[Secret], events: &[String], flavor: Flavor) -> Result<Bitbucket, String> {
         Ok(Bitbucket {
-            keys: Keys::new(
-                aws_lc_rs::hmac::HMAC_SHA256,
-                secrets.iter().map(|s| s.0.as_bytes()),
-            ),
+            keys: Keys::sha256(secrets),
             events: EventFilter::new(events)?,
             flavor,
         })
@@ -143,15 +140,7 @@ impl Provider for Bitbucket {
         };
         if naming.format == Format::Argo {
             let data = super::argo_headers_body(req.headers, json.as_bytes(), naming.metadata);
-            let e = json_event(
-                id,
-                naming.source.to_owned(),
-                naming.ty.to_owned(),
-                Some(naming.subject.to_owned()),
-                None,
-                data,
-            )?;
-            return Ok(Verdict::Event { event: e, fresh: false });
+            return super::argo_verdict(id, naming, data);
         }
         let (source, subject, time) = match self.flavor {
             Flavor::Cloud => (

@@ -76,15 +76,7 @@ impl Provider for Gerrit {
             .unwrap_or_default();
         if naming.format == Format::Argo {
             let data = super::argo_headers_body(req.headers, json.as_bytes(), naming.metadata);
-            let e = json_event(
-                id,
-                naming.source.to_owned(),
-                naming.ty.to_owned(),
-                Some(naming.subject.to_owned()),
-                None,
-                data,
-            )?;
-            return Ok(Verdict::Event { event: e, fresh: false });
+            return super::argo_verdict(id, naming, data);
         }
         // `https://host/c/project/+/123` → `https://host/project`.
         let source = doc.get("change.url")

@@ -118,15 +118,7 @@ impl Provider for Gitlab {
         };
         if naming.format == Format::Argo {
             let data = super::argo_headers_body(req.headers, json.as_bytes(), naming.metadata);
-            let e = json_event(
-                id,
-                naming.source.to_owned(),
-                naming.ty.to_owned(),
-                Some(naming.subject.to_owned()),
-                None,
-                data,
-            )?;
-            return Ok(Verdict::Event { event: e, fresh: false });
+            return super::argo_verdict(id, naming, data);
         }
         let (ty, source, subject, time) = name(&kind, &doc);
         let e = json_event(id, source, ty, subject, time, req.body.clone())?;

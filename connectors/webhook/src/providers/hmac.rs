@@ -11,7 +11,6 @@ use super::{
     Refusal, Request, Secret, Verdict,
 };
 use crate::Format;
-use sluice_core::event::{Data, Event, Timestamp};
 use sluice_core::units::HumanDuration;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -257,18 +256,7 @@ impl Provider for Hmac {
             let e = json_event(id, source, ty, None, None, req.body.clone())?;
             return Ok(Verdict::Event { event: e, fresh: false });
         }
-        let ct = req
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("application/octet-stream")
-            .to_owned();
-        let e = Event::new(id, source, ty)
-            .with_time(Timestamp::now())
-            .with_data(Some(ct), Data::Binary(req.body.clone()));
-        e.validate().map_err(|err| {
-            Refusal::bad_request("invalid_event", format!("cannot make a CloudEvent: {err}"))
-        })?;
+        let e = super::body_event(req, id, source, ty, None, None)?;
         Ok(Verdict::Event { event: e, fresh: false })
     }
 }

@@ -141,6 +141,14 @@ impl Keys {
         }
     }
 
+    /// HMAC-SHA256 keys from the configured secrets, as given (GitHub, Bitbucket, Stripe, Slack).
+    pub fn sha256(secrets: &[Secret]) -> Keys {
+        Keys::new(
+            aws_lc_rs::hmac::HMAC_SHA256,
+            secrets.iter().map(|s| s.0.as_bytes()),
+        )
+    }
+
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
@@ -503,6 +511,46 @@ pub(crate) fn json_event(
     e.subject = subject;
     e.validate()
         .map_err(|err| Refusal::bad_request("invalid_event", format!("cannot make a CloudEvent: {err}")))?;
+    Ok(e)
+}
+
+/// The Argo shape's event: type, source and subject from the route (Argo's EventSource type,
+/// EventSource and event names), receipt time, our stable id.
+pub(crate) fn argo_verdict(id: String, naming: &Naming<'_>, data: Bytes) -> Result<Verdict, Refusal> {
+    let event = json_event(
+        id,
+        naming.source.to_owned(),
+        naming.ty.to_owned(),
+        Some(naming.subject.to_owned()),
+        None,
+        data,
+    )?;
+    Ok(Verdict::Event { event, fresh: false })
+}
+
+/// An event whose data is the body as sent, typed by the request's `Content-Type`
+/// (`application/octet-stream` without one); every attribute checked.
+pub(crate) fn body_event(
+    req: &Request<'_>,
+    id: String,
+    source: String,
+    ty: String,
+    subject: Option<String>,
+    time: Option<Timestamp>,
+) -> Result<Event, Refusal> {
+    let ct = req
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/octet-stream")
+        .to_owned();
+    let mut e = Event::new(id, source, ty)
+        .with_time(time.unwrap_or_else(Timestamp::now))
+        .with_data(Some(ct), sluice_core::event::Data::Binary(req.body.clone()));
+    e.subject = subject;
+    e.validate().map_err(|err| {
+        Refusal::bad_request("invalid_event", format!("cannot make a CloudEvent: {err}"))
+    })?;
     Ok(e)
 }
 

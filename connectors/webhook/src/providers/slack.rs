@@ -42,10 +42,7 @@ impl SlackConfig {
 
     pub(crate) fn provider(&self) -> Result<Slack, String> {
         Ok(Slack {
-            keys: Keys::new(
-                aws_lc_rs::hmac::HMAC_SHA256,
-                self.secrets.iter().map(|s| s.0.as_bytes()),
-            ),
+            keys: Keys::sha256(&self.secrets),
             tolerance: self.tolerance.get(),
             events: EventFilter::new(&self.events)?,
         })
@@ -167,25 +164,17 @@ impl Provider for Slack {
         if !self.events.allows(&kind) {
             return Ok(Verdict::Filtered);
         }
-        let e = if naming.format == Format::Argo {
-            json_event(
-                id,
-                naming.source.to_owned(),
-                naming.ty.to_owned(),
-                Some(naming.subject.to_owned()),
-                None,
-                argo,
-            )?
-        } else {
-            json_event(
-                id,
-                source,
-                format!("com.slack.{kind}"),
-                subject,
-                time.and_then(unix_time),
-                data,
-            )?
-        };
+        if naming.format == Format::Argo {
+            return super::argo_verdict(id, naming, argo);
+        }
+        let e = json_event(
+            id,
+            source,
+            format!("com.slack.{kind}"),
+            subject,
+            time.and_then(unix_time),
+            data,
+        )?;
         Ok(Verdict::Event { event: e, fresh: false })
     }
 }

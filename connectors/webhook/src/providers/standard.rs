@@ -12,7 +12,6 @@ use super::{
     Naming, Provider, Refusal, Request, Secret, Verdict,
 };
 use crate::Format;
-use sluice_core::event::{Data, Event, Timestamp};
 use sluice_core::units::HumanDuration;
 
 provider_config! {
@@ -236,19 +235,7 @@ impl Provider for Standard {
             let e = json_event(id.to_owned(), source, ty, subject, time, req.body.clone())?;
             return Ok(Verdict::Event { event: e, fresh: false });
         }
-        let ct = req
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("application/octet-stream")
-            .to_owned();
-        let mut e = Event::new(id.to_owned(), source, ty)
-            .with_time(time.unwrap_or_else(Timestamp::now))
-            .with_data(Some(ct), Data::Binary(req.body.clone()));
-        e.subject = subject;
-        e.validate().map_err(|err| {
-            Refusal::bad_request("invalid_event", format!("cannot make a CloudEvent: {err}"))
-        })?;
+        let e = super::body_event(req, id.to_owned(), source, ty, subject, time)?;
         Ok(Verdict::Event { event: e, fresh: false })
     }
 }

@@ -41,10 +41,7 @@ impl StripeConfig {
 
     pub(crate) fn provider(&self) -> Result<Stripe, String> {
         Ok(Stripe {
-            keys: Keys::new(
-                aws_lc_rs::hmac::HMAC_SHA256,
-                self.secrets.iter().map(|s| s.0.as_bytes()),
-            ),
+            keys: Keys::sha256(&self.secrets),
             tolerance: self.tolerance.get(),
             events: EventFilter::new(&self.events)?,
         })
@@ -117,15 +114,7 @@ impl Provider for Stripe {
             data.extend_from_slice(b",\"metadata\":");
             data.extend_from_slice(naming.metadata);
             data.push(b'}');
-            let e = json_event(
-                id,
-                naming.source.to_owned(),
-                naming.ty.to_owned(),
-                Some(naming.subject.to_owned()),
-                None,
-                data.into(),
-            )?;
-            return Ok(Verdict::Event { event: e, fresh: false });
+            return super::argo_verdict(id, naming, data.into());
         }
         // Connect events name the connected account.
         let source = match doc.get("account") {
