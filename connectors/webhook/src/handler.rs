@@ -262,23 +262,25 @@ async fn handle_route(
 
     let events = if let Some(p) = &route.provider {
         match provider_event(route, &**p, &parts.headers, &body, peer) {
-            Ok(Verdict::Event { event, fresh }) => finish(route, &parts.headers, event, fresh)
-                .map(|(e, fresh)| (vec![e], fresh)),
+            Ok(Verdict::Event { event, fresh }) => {
+                finish(route, &parts.headers, event, fresh).map(|(e, fresh)| (vec![e], fresh))
+            }
             Ok(Verdict::Reply(status, body)) => return reply(status, body),
             Ok(Verdict::Filtered) => {
                 route.telemetry.filtered(1);
                 return reply(StatusCode::OK, "{\"status\":\"filtered\",\"events\":0}");
             }
-            Err(refused) => return refused,
+            Err(r) => return error(r.status, &r.reason),
         }
     } else {
         match route.format {
-        Format::Cloudevents => match http_binding::decode_request(&parts.headers, body.clone()) {
-            Ok(Some(events)) => Ok((events, false)),
-            Ok(None) => plain_event(route, &parts, body).map(|(e, fresh)| (vec![e], fresh)),
-            Err(e) => Err((StatusCode::BAD_REQUEST, format!("invalid CloudEvent: {e}"))),
-        },
-        Format::Argo => argo_event(route, &parts, body).map(|(e, fresh)| (vec![e], fresh)),
+            Format::Cloudevents => match http_binding::decode_request(&parts.headers, body.clone())
+            {
+                Ok(Some(events)) => Ok((events, false)),
+                Ok(None) => plain_event(route, &parts, body).map(|(e, fresh)| (vec![e], fresh)),
+                Err(e) => Err((StatusCode::BAD_REQUEST, format!("invalid CloudEvent: {e}"))),
+            },
+            Format::Argo => argo_event(route, &parts, body).map(|(e, fresh)| (vec![e], fresh)),
         }
     };
     let (events, fresh_ids) = match events {
@@ -352,7 +354,7 @@ fn provider_event(
     headers: &HeaderMap,
     body: &Bytes,
     peer: std::net::SocketAddr,
-) -> Result<Verdict, Resp> {
+) -> Result<Verdict, providers::Refusal> {
     let req = providers::Request {
         headers,
         body,
@@ -375,7 +377,7 @@ fn provider_event(
             status = r.status.as_u16(),
             "webhook: request refused"
         );
-        error(r.status, &r.reason)
+        r
     };
     p.verify(&req).map_err(refused)?;
     p.event(&req, &naming).map_err(refused)

@@ -54,10 +54,11 @@ async fn start<T: SourceConfig + DeserializeOwned>(name: &str, cfg: Value) -> Ho
 }
 
 async fn post(addr: SocketAddr, headers: &[(&str, String)], body: &[u8]) -> (StatusCode, Value) {
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(TcpStream::connect(addr).await.unwrap()))
-            .await
-            .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(
+        TcpStream::connect(addr).await.unwrap(),
+    ))
+    .await
+    .unwrap();
     tokio::spawn(conn);
     let mut req = Request::builder()
         .method("POST")
@@ -111,7 +112,10 @@ async fn github_samples_are_named_after_the_adapter() {
             ("content-type", "application/json".to_owned()),
             ("x-github-event", event.to_owned()),
             ("x-github-delivery", delivery.to_owned()),
-            ("x-hub-signature-256", format!("sha256={}", hmac_hex(secret, &[body]))),
+            (
+                "x-hub-signature-256",
+                format!("sha256={}", hmac_hex(secret, &[body])),
+            ),
         ]
     };
     let push = sample("github-push.json");
@@ -127,22 +131,38 @@ async fn github_samples_are_named_after_the_adapter() {
     assert_eq!(push_e.source, "https://github.com/Codertocat/Hello-World");
     assert_eq!(push_e.subject.as_deref(), Some("refs/tags/simple-tag"));
     assert_eq!(push_e.datacontenttype.as_deref(), Some("application/json"));
-    assert_eq!(push_e.data, Data::Json(Bytes::from(push.clone())), "the body, byte for byte");
+    assert_eq!(
+        push_e.data,
+        Data::Json(Bytes::from(push.clone())),
+        "the body, byte for byte"
+    );
     assert_eq!(pr_e.ty, "com.github.pull_request.opened");
-    assert_eq!(pr_e.source, "https://api.github.com/repos/Codertocat/Hello-World");
+    assert_eq!(
+        pr_e.source,
+        "https://api.github.com/repos/Codertocat/Hello-World"
+    );
     assert_eq!(pr_e.subject.as_deref(), Some("2"));
     assert_eq!(pr_e.time.as_ref().unwrap().as_str(), "2019-05-15T15:20:33Z");
 
     // ping: answered, no event.
     let ping = br#"{"zen":"Keep it logically awesome.","hook_id":1}"#;
     let (status, body) = post(h.addr, &gh("ping", "d-ping", ping, b"gh-secret"), ping).await;
-    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("pong")));
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::OK, Some("pong"))
+    );
     // One byte changed: 401 naming the header, counted, nothing forwarded.
     let mut bad = push.clone();
     bad[10] ^= 1;
     let (status, body) = post(h.addr, &gh("push", "d-bad", &push, b"gh-secret"), &bad).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert!(body["error"].as_str().unwrap().contains("X-Hub-Signature-256"), "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("X-Hub-Signature-256"),
+        "{body}"
+    );
     let (status, _) = post(h.addr, &gh("push", "d-bad2", &push, b"wrong"), &push).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(rejected("gh", "bad_signature"), 2.0);
@@ -167,7 +187,10 @@ async fn github_argo_shape_injects_the_headers_into_the_body() {
         ("content-type", "application/json".to_owned()),
         ("x-github-event", "push".to_owned()),
         ("x-github-delivery", "d-1".to_owned()),
-        ("x-hub-signature-256", format!("sha256={}", hmac_hex(b"s", &[&push]))),
+        (
+            "x-hub-signature-256",
+            format!("sha256={}", hmac_hex(b"s", &[&push])),
+        ),
     ];
     assert_eq!(post(h.addr, &headers, &push).await.0, StatusCode::OK);
     let e = &h.got.wait_for(1).await[0];
@@ -192,11 +215,20 @@ async fn github_events_filter_answers_200_and_counts() {
     let headers = vec![
         ("x-github-event", "push".to_owned()),
         ("x-github-delivery", "d-f".to_owned()),
-        ("x-hub-signature-256", format!("sha256={}", hmac_hex(b"s", &[&push]))),
+        (
+            "x-hub-signature-256",
+            format!("sha256={}", hmac_hex(b"s", &[&push])),
+        ),
     ];
     let (status, body) = post(h.addr, &headers, &push).await;
-    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("filtered")));
-    assert_eq!(metric("sluice_events_filtered_total", &[("source", "gh-filter")]), 1.0);
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::OK, Some("filtered"))
+    );
+    assert_eq!(
+        metric("sluice_events_filtered_total", &[("source", "gh-filter")]),
+        1.0
+    );
     assert!(h.got.is_empty());
 }
 
@@ -216,7 +248,12 @@ async fn gitlab_samples_with_token_and_idempotency_key() {
         }
         v
     };
-    let (status, _) = post(h.addr, &headers("gl-token", Some(("idempotency-key", "idem-1"))), &mr).await;
+    let (status, _) = post(
+        h.addr,
+        &headers("gl-token", Some(("idempotency-key", "idem-1"))),
+        &mr,
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     let push = sample("gitlab-push.json");
     let (status, _) = post(h.addr, &headers("gl-token", None), &push).await;
@@ -226,10 +263,16 @@ async fn gitlab_samples_with_token_and_idempotency_key() {
     assert_eq!(events[0].id, "idem-1", "Idempotency-Key first");
     assert_eq!(events[0].source, "http://example.com/gitlabhq/gitlab-test");
     assert_eq!(events[0].subject.as_deref(), Some("1"));
-    assert_eq!(events[0].time.as_ref().unwrap().as_str(), "2013-12-03T17:23:34Z");
+    assert_eq!(
+        events[0].time.as_ref().unwrap().as_str(),
+        "2013-12-03T17:23:34Z"
+    );
     assert_eq!(events[1].ty, "com.gitlab.push");
     assert_eq!(events[1].id, "uuid-1", "then X-Gitlab-Event-UUID");
-    assert_eq!(events[1].subject.as_deref(), Some("da1560886d4f094c3e6c9ef40349f7d38b5d27d7"));
+    assert_eq!(
+        events[1].subject.as_deref(),
+        Some("da1560886d4f094c3e6c9ef40349f7d38b5d27d7")
+    );
     let (status, body) = post(h.addr, &headers("nope", None), &push).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(body["error"].as_str().unwrap().contains("X-Gitlab-Token"));
@@ -256,7 +299,10 @@ async fn gitlab_argo_shape_keeps_the_token_out() {
     assert_eq!(data["headers"]["X-Gitlab-Event"], json!(["Push Hook"]));
     assert_eq!(data["body"]["object_kind"], "push");
     let encoded = String::from_utf8(sluice_core::format::encode_event(e)).unwrap();
-    assert!(!encoded.contains("gl-secret-token"), "the token never reaches the event");
+    assert!(
+        !encoded.contains("gl-secret-token"),
+        "the token never reaches the event"
+    );
 }
 
 #[tokio::test]
@@ -292,10 +338,16 @@ async fn bitbucket_cloud_and_server_samples() {
     assert_eq!(e.time.as_ref().unwrap().as_str(), "2019-03-01T09:31:15Z");
     // "Test connection": answered, no event.
     let ping = br#"{"test": true}"#;
-    let headers = vec![("x-event-key", "diagnostics:ping".to_owned()), ("x-hub-signature", sig(ping))];
+    let headers = vec![
+        ("x-event-key", "diagnostics:ping".to_owned()),
+        ("x-hub-signature", sig(ping)),
+    ];
     assert_eq!(post(server.addr, &headers, ping).await.0, StatusCode::OK);
     let headers = vec![("x-event-key", "pr:opened".to_owned())];
-    assert_eq!(post(server.addr, &headers, &pr).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        post(server.addr, &headers, &pr).await.0,
+        StatusCode::UNAUTHORIZED
+    );
     assert_eq!(server.got.len(), 1);
 }
 
@@ -311,18 +363,29 @@ async fn gerrit_sample_with_basic_auth_and_a_stable_id() {
         "Basic {}",
         base64::engine::general_purpose::STANDARD.encode("gerrit:pw")
     );
-    let headers = vec![("content-type", "application/json".to_owned()), ("authorization", auth)];
+    let headers = vec![
+        ("content-type", "application/json".to_owned()),
+        ("authorization", auth),
+    ];
     let (a, _) = post(h.addr, &headers, &ev).await;
     let (b, second) = post(h.addr, &headers, &ev).await;
     assert_eq!((a, b), (StatusCode::OK, StatusCode::OK));
-    assert_eq!(second["duplicates"], 1, "a retry of the same event is a duplicate");
+    assert_eq!(
+        second["duplicates"], 1,
+        "a retry of the same event is a duplicate"
+    );
     let e = &h.got.wait_for(1).await[0];
     assert_eq!(e.ty, "com.googlesource.gerrit.patchset-created");
     assert_eq!(e.source, "http://959be7129610/TestRepo1");
     assert_eq!(e.subject.as_deref(), Some("2"));
     assert_eq!(e.time.as_ref().unwrap().as_str(), "2023-11-20T11:12:12Z");
     assert_eq!(e.id.len(), 64, "a SHA-256 of the event's identity");
-    let (status, _) = post(h.addr, &[("content-type", "application/json".to_owned())], &ev).await;
+    let (status, _) = post(
+        h.addr,
+        &[("content-type", "application/json".to_owned())],
+        &ev,
+    )
+    .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
@@ -337,10 +400,16 @@ async fn stripe_sample_signed_now_and_stale() {
     let sign = |t: &str, secret: &[u8]| {
         vec![
             ("content-type", "application/json".to_owned()),
-            ("stripe-signature", format!("t={t},v1={}", hmac_hex(secret, &[t.as_bytes(), b".", &ev]))),
+            (
+                "stripe-signature",
+                format!("t={t},v1={}", hmac_hex(secret, &[t.as_bytes(), b".", &ev])),
+            ),
         ]
     };
-    assert_eq!(post(h.addr, &sign(&now(), b"whsec_new"), &ev).await.0, StatusCode::OK);
+    assert_eq!(
+        post(h.addr, &sign(&now(), b"whsec_new"), &ev).await.0,
+        StatusCode::OK
+    );
     let e = &h.got.wait_for(1).await[0];
     assert_eq!(e.ty, "com.stripe.charge.succeeded");
     assert_eq!(e.id, "evt_000000000000000000000000");
@@ -350,7 +419,10 @@ async fn stripe_sample_signed_now_and_stale() {
     let old = (chrono::Utc::now().timestamp() - 600).to_string();
     let (status, body) = post(h.addr, &sign(&old, b"whsec_old"), &ev).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert!(body["error"].as_str().unwrap().contains("tolerance"), "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("tolerance"),
+        "{body}"
+    );
     assert_eq!(rejected("pay", "stale"), 1.0);
 }
 
@@ -361,25 +433,47 @@ async fn slack_challenge_events_interactions_and_commands() {
         let ts = now();
         vec![
             ("content-type", ct.to_owned()),
-            ("x-slack-signature", format!("v0={}", hmac_hex(b"slack-s", &[b"v0:", ts.as_bytes(), b":", body]))),
+            (
+                "x-slack-signature",
+                format!(
+                    "v0={}",
+                    hmac_hex(b"slack-s", &[b"v0:", ts.as_bytes(), b":", body])
+                ),
+            ),
             ("x-slack-request-timestamp", ts),
         ]
     };
     let challenge = br#"{"token":"x","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
     let (status, body) = post(h.addr, &signed(challenge, "application/json"), challenge).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body["challenge"], "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P");
+    assert_eq!(
+        body["challenge"],
+        "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"
+    );
 
     let mention = sample("slack-event-app_mention.json");
-    assert_eq!(post(h.addr, &signed(&mention, "application/json"), &mention).await.0, StatusCode::OK);
+    assert_eq!(
+        post(h.addr, &signed(&mention, "application/json"), &mention)
+            .await
+            .0,
+        StatusCode::OK
+    );
     let actions = sample("slack-block_actions.json");
     let form: String = form_urlencoded::Serializer::new(String::new())
         .append_pair("payload", std::str::from_utf8(&actions).unwrap())
         .finish();
     let ct = "application/x-www-form-urlencoded";
-    assert_eq!(post(h.addr, &signed(form.as_bytes(), ct), form.as_bytes()).await.0, StatusCode::OK);
+    assert_eq!(
+        post(h.addr, &signed(form.as_bytes(), ct), form.as_bytes())
+            .await
+            .0,
+        StatusCode::OK
+    );
     let command = b"token=x&team_id=T1DC2JH3J&channel_id=G8PSS9T3V&user_id=U2CERLKJA&command=%2Fdeploy&text=app&trigger_id=398738663015.47445629121.803a";
-    assert_eq!(post(h.addr, &signed(command, ct), command).await.0, StatusCode::OK);
+    assert_eq!(
+        post(h.addr, &signed(command, ct), command).await.0,
+        StatusCode::OK
+    );
 
     let events = h.got.wait_for(3).await;
     assert_eq!(events[0].ty, "com.slack.app_mention");
@@ -389,14 +483,21 @@ async fn slack_challenge_events_interactions_and_commands() {
     assert_eq!(events[1].ty, "com.slack.block_actions");
     assert_eq!(events[1].source, "https://slack.com/T9TK3CUKW");
     assert_eq!(events[1].subject.as_deref(), Some("CBR2V3XEX"));
-    assert_eq!(json_data(&events[1])["type"], "block_actions", "data is the decoded payload");
+    assert_eq!(
+        json_data(&events[1])["type"],
+        "block_actions",
+        "data is the decoded payload"
+    );
     assert_eq!(events[2].ty, "com.slack.slash_command");
     assert_eq!(json_data(&events[2])["command"], "/deploy");
     assert_eq!(events[2].subject.as_deref(), Some("G8PSS9T3V"));
 
     let mut stale = signed(&mention, "application/json");
     stale[2].1 = (chrono::Utc::now().timestamp() - 400).to_string();
-    assert_eq!(post(h.addr, &stale, &mention).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        post(h.addr, &stale, &mention).await.0,
+        StatusCode::UNAUTHORIZED
+    );
 }
 
 #[tokio::test]
@@ -410,14 +511,23 @@ async fn slack_argo_shape_is_the_inner_event() {
     let ts = now();
     let headers = vec![
         ("content-type", "application/json".to_owned()),
-        ("x-slack-signature", format!("v0={}", hmac_hex(b"s", &[b"v0:", ts.as_bytes(), b":", &mention]))),
+        (
+            "x-slack-signature",
+            format!(
+                "v0={}",
+                hmac_hex(b"s", &[b"v0:", ts.as_bytes(), b":", &mention])
+            ),
+        ),
         ("x-slack-request-timestamp", ts),
     ];
     assert_eq!(post(h.addr, &headers, &mention).await.0, StatusCode::OK);
     let e = &h.got.wait_for(1).await[0];
     assert_eq!((e.ty.as_str(), e.source.as_str()), ("slack", "chat-argo"));
     let data = json_data(e);
-    assert_eq!(data["type"], "app_mention", "Argo's slack data is the inner event: {data}");
+    assert_eq!(
+        data["type"], "app_mention",
+        "Argo's slack data is the inner event: {data}"
+    );
     assert_eq!(data["channel"], "C0LAN2Q65");
 }
 
@@ -432,11 +542,17 @@ async fn stripe_argo_shape_wraps_the_event() {
     let t = now();
     let headers = vec![(
         "stripe-signature",
-        format!("t={t},v1={}", hmac_hex(b"whsec_x", &[t.as_bytes(), b".", &ev])),
+        format!(
+            "t={t},v1={}",
+            hmac_hex(b"whsec_x", &[t.as_bytes(), b".", &ev])
+        ),
     )];
     assert_eq!(post(h.addr, &headers, &ev).await.0, StatusCode::OK);
     let e = &h.got.wait_for(1).await[0];
-    assert_eq!((e.ty.as_str(), e.id.as_str()), ("stripe", "evt_000000000000000000000000"));
+    assert_eq!(
+        (e.ty.as_str(), e.id.as_str()),
+        ("stripe", "evt_000000000000000000000000")
+    );
     let data = json_data(e);
     assert_eq!(data["event"]["type"], "charge.succeeded");
     assert_eq!(data["metadata"], json!({ "k": "v" }));
@@ -453,7 +569,8 @@ async fn standard_webhooks_and_generic_hmac() {
         json!({ "secrets": [secret], "type_prefix": "com.acme.", "subject_path": "data.id" }),
     )
     .await;
-    let body = br#"{"type":"invoice.paid","timestamp":"2026-12-01T10:00:00Z","data":{"id":"in_1"}}"#;
+    let body =
+        br#"{"type":"invoice.paid","timestamp":"2026-12-01T10:00:00Z","data":{"id":"in_1"}}"#;
     let ts = now();
     let sig = base64::engine::general_purpose::STANDARD.encode(
         aws_lc_rs::hmac::sign(
@@ -469,8 +586,14 @@ async fn standard_webhooks_and_generic_hmac() {
     ];
     assert_eq!(post(h.addr, &headers, body).await.0, StatusCode::OK);
     let e = &h.got.wait_for(1).await[0];
-    assert_eq!((e.ty.as_str(), e.id.as_str()), ("com.acme.invoice.paid", "msg_1"));
-    assert_eq!((e.source.as_str(), e.subject.as_deref()), ("std", Some("in_1")));
+    assert_eq!(
+        (e.ty.as_str(), e.id.as_str()),
+        ("com.acme.invoice.paid", "msg_1")
+    );
+    assert_eq!(
+        (e.source.as_str(), e.subject.as_deref()),
+        ("std", Some("in_1"))
+    );
     assert_eq!(e.time.as_ref().unwrap().as_str(), "2026-12-01T10:00:00Z");
 
     let g = start::<sluice_webhook::HmacConfig>(
@@ -481,16 +604,26 @@ async fn standard_webhooks_and_generic_hmac() {
     .await;
     let body = br#"{"id":820982911946154508,"email":"jon@example.com"}"#;
     let sig = base64::engine::general_purpose::STANDARD.encode(
-        aws_lc_rs::hmac::sign(&aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, b"shp"), body).as_ref(),
+        aws_lc_rs::hmac::sign(
+            &aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, b"shp"),
+            body,
+        )
+        .as_ref(),
     );
     let headers = vec![
         ("content-type", "application/json".to_owned()),
         ("x-shopify-hmac-sha256", sig),
-        ("x-shopify-webhook-id", "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043".to_owned()),
+        (
+            "x-shopify-webhook-id",
+            "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043".to_owned(),
+        ),
     ];
     assert_eq!(post(g.addr, &headers, body).await.0, StatusCode::OK);
     let e = &g.got.wait_for(1).await[0];
-    assert_eq!((e.ty.as_str(), e.id.as_str()), ("com.shopify.order", "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"));
+    assert_eq!(
+        (e.ty.as_str(), e.id.as_str()),
+        ("com.shopify.order", "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043")
+    );
     assert_eq!(e.source, "https://acme.myshopify.com");
     let (status, _) = post(g.addr, &headers, br#"{"id":1}"#).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -506,21 +639,27 @@ fn bad_configs_are_refused_with_the_option_named() {
             "secrets",
         ),
         (
-            serde_json::from_value::<sluice_webhook::StandardWebhooksConfig>(json!({ "secrets": ["whsec_!!"] }))
-                .unwrap()
-                .validate("std"),
+            serde_json::from_value::<sluice_webhook::StandardWebhooksConfig>(
+                json!({ "secrets": ["whsec_!!"] }),
+            )
+            .unwrap()
+            .validate("std"),
             "whsec_",
         ),
         (
-            serde_json::from_value::<sluice_webhook::HmacConfig>(json!({ "header": "bad header", "secrets": ["k"] }))
-                .unwrap()
-                .validate("h"),
+            serde_json::from_value::<sluice_webhook::HmacConfig>(
+                json!({ "header": "bad header", "secrets": ["k"] }),
+            )
+            .unwrap()
+            .validate("h"),
             "header",
         ),
         (
-            serde_json::from_value::<sluice_webhook::GithubConfig>(json!({ "secrets": ["s"], "path": "health" }))
-                .unwrap()
-                .validate("gh"),
+            serde_json::from_value::<sluice_webhook::GithubConfig>(
+                json!({ "secrets": ["s"], "path": "health" }),
+            )
+            .unwrap()
+            .validate("gh"),
             "path",
         ),
         (

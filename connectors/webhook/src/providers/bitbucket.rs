@@ -6,9 +6,8 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 use super::{
-    Doc,
-    first, header_400, json_event, single, EventFilter, Keys, Naming,
-    Provider, Refusal, Request, Secret, Verdict,
+    first, header_400, json_event, single, Doc, EventFilter, Keys, Naming, Provider, Refusal,
+    Request, Secret, Verdict,
 };
 use crate::Format;
 
@@ -145,7 +144,8 @@ impl Provider for Bitbucket {
         let (source, subject, time) = match self.flavor {
             Flavor::Cloud => (
                 doc.get("repository.links.html.href").or_else(|| {
-                    doc.get("repository.full_name").map(|n| format!("https://bitbucket.org/{n}"))
+                    doc.get("repository.full_name")
+                        .map(|n| format!("https://bitbucket.org/{n}"))
                 }),
                 doc.get("pullrequest.id")
                     .or_else(|| doc.get("push.changes.0.new.name"))
@@ -155,7 +155,8 @@ impl Provider for Bitbucket {
             Flavor::Server => (
                 doc.get("repository.links.self.0.href")
                     .or_else(|| doc.get("pullRequest.toRef.repository.links.self.0.href")),
-                doc.get("pullRequest.id").or_else(|| doc.get("changes.0.refId")),
+                doc.get("pullRequest.id")
+                    .or_else(|| doc.get("changes.0.refId")),
                 doc.time(&["date"]),
             ),
         };
@@ -168,6 +169,9 @@ impl Provider for Bitbucket {
             time,
             req.body.clone(),
         )?;
-        Ok(Verdict::Event { event: e, fresh: false })
+        Ok(Verdict::Event {
+            event: e,
+            fresh: false,
+        })
     }
 }

@@ -106,7 +106,10 @@ macro_rules! provider_source {
             fn build(
                 self: Box<Self>,
                 ctx: sluice_core::SourceContext,
-            ) -> sluice_core::BoxFuture<'static, Result<sluice_core::Running, sluice_core::ConnectorError>> {
+            ) -> sluice_core::BoxFuture<
+                'static,
+                Result<sluice_core::Running, sluice_core::ConnectorError>,
+            > {
                 let webhook = self.webhook(self.auth_config());
                 let provider = self.provider().map(|p| {
                     std::sync::Arc::new(p) as std::sync::Arc<dyn crate::providers::Provider>

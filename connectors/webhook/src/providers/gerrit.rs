@@ -4,11 +4,7 @@
 
 use http::HeaderMap;
 
-use super::{
-    Doc,
-    json_event, unix_time, EventFilter, Naming, Provider, Refusal, Request,
-    Verdict,
-};
+use super::{json_event, unix_time, Doc, EventFilter, Naming, Provider, Refusal, Request, Verdict};
 use crate::Format;
 
 provider_config! {
@@ -58,7 +54,8 @@ impl Provider for Gerrit {
     fn event(&self, req: &Request<'_>, naming: &Naming<'_>) -> Result<Verdict, Refusal> {
         let doc = Doc::parse(req.body)?;
         let json = doc.text();
-        let ty = doc.get("type")
+        let ty = doc
+            .get("type")
             .ok_or_else(|| Refusal::bad_request("invalid_event", "the event has no `type`"))?;
         if !self.events.allows(&ty) {
             return Ok(Verdict::Filtered);
@@ -79,7 +76,8 @@ impl Provider for Gerrit {
             return super::argo_verdict(id, naming, data);
         }
         // `https://host/c/project/+/123` → `https://host/project`.
-        let source = doc.get("change.url")
+        let source = doc
+            .get("change.url")
             .and_then(|u| u.split_once("/c/").map(|(origin, _)| origin.to_owned()))
             .map(|origin| {
                 if project.is_empty() {
@@ -99,6 +97,9 @@ impl Provider for Gerrit {
             time,
             req.body.clone(),
         )?;
-        Ok(Verdict::Event { event: e, fresh: false })
+        Ok(Verdict::Event {
+            event: e,
+            fresh: false,
+        })
     }
 }

@@ -7,9 +7,8 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 use super::{
-    Doc,
-    first, header_400, inject_keys, json_event, single, EventFilter,
-    Keys, Naming, Provider, Refusal, Request, Secret, Verdict,
+    first, header_400, inject_keys, json_event, single, Doc, EventFilter, Keys, Naming, Provider,
+    Refusal, Request, Secret, Verdict,
 };
 use crate::Format;
 
@@ -38,10 +37,7 @@ impl GithubConfig {
 
     pub(crate) fn provider(&self) -> Result<Github, String> {
         Ok(Github {
-            keys: Keys::new(
-                aws_lc_rs::hmac::HMAC_SHA256,
-                self.secrets.iter().map(|s| s.0.as_bytes()),
-            ),
+            keys: Keys::sha256(&self.secrets),
             events: EventFilter::new(&self.events)?,
         })
     }
@@ -64,9 +60,9 @@ pub(crate) fn verify_sha256(
     value: &str,
     body: &[u8],
 ) -> Result<(), Refusal> {
-    let hex = value
-        .strip_prefix("sha256=")
-        .ok_or_else(|| Refusal::unauthorized("bad_signature", format!("{header} must be `sha256=<hex>`")))?;
+    let hex = value.strip_prefix("sha256=").ok_or_else(|| {
+        Refusal::unauthorized("bad_signature", format!("{header} must be `sha256=<hex>`"))
+    })?;
     let sig = super::unhex(hex)
         .ok_or_else(|| Refusal::unauthorized("bad_signature", format!("{header} is not hex")))?;
     if keys.verify_any(&[body], [sig.as_slice()]) {
@@ -99,8 +95,9 @@ impl Provider for Github {
     }
 
     fn event(&self, req: &Request<'_>, naming: &Naming<'_>) -> Result<Verdict, Refusal> {
-        let event = header_400(req.headers, EVENT)?
-            .ok_or_else(|| Refusal::bad_request("missing_header", "X-GitHub-Event header missing"))?;
+        let event = header_400(req.headers, EVENT)?.ok_or_else(|| {
+            Refusal::bad_request("missing_header", "X-GitHub-Event header missing")
+        })?;
         if event == "ping" {
             return Ok(Verdict::Reply(
                 StatusCode::OK,
@@ -111,7 +108,9 @@ impl Provider for Github {
             return Ok(Verdict::Filtered);
         }
         let id = header_400(req.headers, DELIVERY)?
-            .ok_or_else(|| Refusal::bad_request("missing_header", "X-GitHub-Delivery header missing"))?
+            .ok_or_else(|| {
+                Refusal::bad_request("missing_header", "X-GitHub-Delivery header missing")
+            })?
             .to_owned();
         // A hook may be set to `application/x-www-form-urlencoded`: the JSON is in `payload`.
         let form_payload;
@@ -125,17 +124,12 @@ impl Provider for Github {
         };
         let json = doc.text();
         if naming.format == Format::Argo {
-            let body = inject_keys(json, &[("X-GitHub-Event", event), ("X-GitHub-Delivery", &id)]);
+            let body = inject_keys(
+                json,
+                &[("X-GitHub-Event", event), ("X-GitHub-Delivery", &id)],
+            );
             let data = super::argo_headers_body(req.headers, &body, naming.metadata);
-            let e = json_event(
-                id,
-                naming.source.to_owned(),
-                naming.ty.to_owned(),
-                Some(naming.subject.to_owned()),
-                None,
-                data,
-            )?;
-            return Ok(Verdict::Event { event: e, fresh: false });
+            return super::argo_verdict(id, naming, data);
         }
         let (ty, source, subject, time) = name(event, &doc);
         // The body itself when it is the payload (no copy); the decoded form field otherwise.
@@ -145,7 +139,10 @@ impl Provider for Github {
             Bytes::copy_from_slice(json.as_bytes())
         };
         let e = json_event(id, source, ty, subject, time, data)?;
-        Ok(Verdict::Event { event: e, fresh: false })
+        Ok(Verdict::Event {
+            event: e,
+            fresh: false,
+        })
     }
 }
 
@@ -195,78 +192,396 @@ macro_rules! rule {
 /// events it lists). Where it says "current time", `[]`: the time of receipt.
 const RULES: &[Rule] = &[
     rule!("branch_protection_configuration", ACTION, REPO, None, []),
-    rule!("branch_protection_rule", ACTION, REPO, Some("rule.id"), ["rule.updated_at"]),
-    rule!("check_run", ACTION, REPO, Some("check_run.id"), ["check_run.completed_at", "check_run.started_at"]),
-    rule!("check_suite", ACTION, REPO, Some("check_suite.id"), ["check_suite.updated_at"]),
-    rule!("code_scanning_alert", ACTION, REPO, Some("alert.number"), []),
-    rule!("commit_comment", ACTION, Src::CommentCommit, Some("comment.id"), ["comment.updated_at"]),
-    rule!("content_reference", ACTION, REPO, Some("content_reference.id"), []),
+    rule!(
+        "branch_protection_rule",
+        ACTION,
+        REPO,
+        Some("rule.id"),
+        ["rule.updated_at"]
+    ),
+    rule!(
+        "check_run",
+        ACTION,
+        REPO,
+        Some("check_run.id"),
+        ["check_run.completed_at", "check_run.started_at"]
+    ),
+    rule!(
+        "check_suite",
+        ACTION,
+        REPO,
+        Some("check_suite.id"),
+        ["check_suite.updated_at"]
+    ),
+    rule!(
+        "code_scanning_alert",
+        ACTION,
+        REPO,
+        Some("alert.number"),
+        []
+    ),
+    rule!(
+        "commit_comment",
+        ACTION,
+        Src::CommentCommit,
+        Some("comment.id"),
+        ["comment.updated_at"]
+    ),
+    rule!(
+        "content_reference",
+        ACTION,
+        REPO,
+        Some("content_reference.id"),
+        []
+    ),
     rule!("create", Suffix::At("ref_type"), REPO, Some("ref"), []),
-    rule!("custom_property", ACTION, REPO, Some("definition.property_name"), []),
+    rule!(
+        "custom_property",
+        ACTION,
+        REPO,
+        Some("definition.property_name"),
+        []
+    ),
     rule!("custom_property_values", ACTION, REPO, None, []),
     rule!("delete", Suffix::At("ref_type"), REPO, Some("ref"), []),
     rule!("dependabot_alert", ACTION, REPO, Some("alert.id"), []),
-    rule!("deploy_key", ACTION, REPO, Some("key.id"), ["key.deleted_at", "key.created_at"]),
-    rule!("deployment", Suffix::None, REPO, Some("deployment.id"), ["deployment.updated_at"]),
-    rule!("deployment_protection_rule", ACTION, Src::At("deployment.url"), Some("deployment.id"), []),
-    rule!("deployment_review", ACTION, Src::At("deployment.url"), Some("workflow_run.id"), []),
-    rule!("deployment_status", Suffix::At("deployment_status.state"), Src::At("deployment.url"), Some("deployment_status.url"), ["deployment_status.updated_at"]),
+    rule!(
+        "deploy_key",
+        ACTION,
+        REPO,
+        Some("key.id"),
+        ["key.deleted_at", "key.created_at"]
+    ),
+    rule!(
+        "deployment",
+        Suffix::None,
+        REPO,
+        Some("deployment.id"),
+        ["deployment.updated_at"]
+    ),
+    rule!(
+        "deployment_protection_rule",
+        ACTION,
+        Src::At("deployment.url"),
+        Some("deployment.id"),
+        []
+    ),
+    rule!(
+        "deployment_review",
+        ACTION,
+        Src::At("deployment.url"),
+        Some("workflow_run.id"),
+        []
+    ),
+    rule!(
+        "deployment_status",
+        Suffix::At("deployment_status.state"),
+        Src::At("deployment.url"),
+        Some("deployment_status.url"),
+        ["deployment_status.updated_at"]
+    ),
     rule!("discussion", ACTION, REPO, Some("discussion.id"), []),
-    rule!("discussion_comment", ACTION, REPO, Some("discussion.id"), ["comment.updated_at"]),
-    rule!("fork", Suffix::None, REPO, Some("forkee.url"), ["forkee.created_at"]),
-    rule!("github_app_authorization", Suffix::None, Src::At("sender.url"), None, []),
+    rule!(
+        "discussion_comment",
+        ACTION,
+        REPO,
+        Some("discussion.id"),
+        ["comment.updated_at"]
+    ),
+    rule!(
+        "fork",
+        Suffix::None,
+        REPO,
+        Some("forkee.url"),
+        ["forkee.created_at"]
+    ),
+    rule!(
+        "github_app_authorization",
+        Suffix::None,
+        Src::At("sender.url"),
+        None,
+        []
+    ),
     rule!("gollum", Suffix::None, REPO, None, []),
-    rule!("installation", ACTION, Src::At("installation.account.url"), Some("installation.id"), ["installation.updated_at"]),
-    rule!("installation_repositories", ACTION, Src::At("installation.account.url"), Some("installation.id"), ["installation.updated_at"]),
-    rule!("installation_target", ACTION, Src::At("installation.account.url"), Some("installation.id"), []),
-    rule!("issue_comment", ACTION, Src::At("issue.url"), Some("comment.id"), ["comment.updated_at"]),
-    rule!("issues", ACTION, REPO, Some("issue.number"), ["issue.updated_at"]),
+    rule!(
+        "installation",
+        ACTION,
+        Src::At("installation.account.url"),
+        Some("installation.id"),
+        ["installation.updated_at"]
+    ),
+    rule!(
+        "installation_repositories",
+        ACTION,
+        Src::At("installation.account.url"),
+        Some("installation.id"),
+        ["installation.updated_at"]
+    ),
+    rule!(
+        "installation_target",
+        ACTION,
+        Src::At("installation.account.url"),
+        Some("installation.id"),
+        []
+    ),
+    rule!(
+        "issue_comment",
+        ACTION,
+        Src::At("issue.url"),
+        Some("comment.id"),
+        ["comment.updated_at"]
+    ),
+    rule!(
+        "issues",
+        ACTION,
+        REPO,
+        Some("issue.number"),
+        ["issue.updated_at"]
+    ),
     rule!("label", ACTION, REPO, Some("label.name"), []),
-    rule!("marketplace_purchase", ACTION, Src::SenderParent, Some("marketplace_purchase.account.login"), ["effective_date"]),
+    rule!(
+        "marketplace_purchase",
+        ACTION,
+        Src::SenderParent,
+        Some("marketplace_purchase.account.login"),
+        ["effective_date"]
+    ),
     rule!("member", ACTION, REPO, Some("member.login"), []),
-    rule!("membership", Suffix::ScopeAction, Src::At("team.url"), Some("member.login"), []),
-    rule!("merge_group", ACTION, REPO, Some("merge_group.head_ref"), []),
+    rule!(
+        "membership",
+        Suffix::ScopeAction,
+        Src::At("team.url"),
+        Some("member.login"),
+        []
+    ),
+    rule!(
+        "merge_group",
+        ACTION,
+        REPO,
+        Some("merge_group.head_ref"),
+        []
+    ),
     rule!("meta", ACTION, REPO, Some("hook_id"), ["hook.updated_at"]),
-    rule!("milestone", ACTION, REPO, Some("milestone.number"), ["milestone.updated_at"]),
-    rule!("organization", ACTION, Src::At("organization.url"), Some("membership.user.login"), []),
-    rule!("org_block", ACTION, Src::At("organization.url"), Some("blocked_user.login"), []),
-    rule!("package", ACTION, REPO, Some("package.id"), ["package.updated_at", "package.created_at"]),
-    rule!("page_build", Suffix::None, REPO, Some("build.url"), ["pusher.updated_at"]),
-    rule!("project_card", ACTION, REPO, Some("project_card.id"), ["project_card.updated_at"]),
-    rule!("project_column", ACTION, REPO, Some("project_column.id"), ["project_column.updated_at"]),
-    rule!("project", ACTION, REPO, Some("project.id"), ["project.updated_at"]),
-    rule!("projects_v2", ACTION, REPO, Some("projects_v2.id"), ["projects_v2.updated_at"]),
-    rule!("projects_v2_item", ACTION, REPO, Some("projects_v2_item.id"), ["projects_v2_item.updated_at"]),
-    rule!("projects_v2_status_update", ACTION, REPO, Some("projects_v2_status_update.id"), ["projects_v2_status_update.updated_at"]),
-    rule!("public", Suffix::None, Src::At("repository.owner.url"), Some("repository.name"), ["repository.updated_at"]),
-    rule!("pull_request", ACTION, REPO, Some("number"), ["pull_request.updated_at"]),
-    rule!("pull_request_review", ACTION, Src::At("pull_request.url"), Some("review.id"), ["review.submitted_at"]),
-    rule!("pull_request_review_comment", ACTION, Src::At("pull_request.url"), Some("comment.id"), ["pull_request.updated_at"]),
-    rule!("pull_request_review_thread", ACTION, Src::At("pull_request.url"), Some("pull_request.id"), []),
+    rule!(
+        "milestone",
+        ACTION,
+        REPO,
+        Some("milestone.number"),
+        ["milestone.updated_at"]
+    ),
+    rule!(
+        "organization",
+        ACTION,
+        Src::At("organization.url"),
+        Some("membership.user.login"),
+        []
+    ),
+    rule!(
+        "org_block",
+        ACTION,
+        Src::At("organization.url"),
+        Some("blocked_user.login"),
+        []
+    ),
+    rule!(
+        "package",
+        ACTION,
+        REPO,
+        Some("package.id"),
+        ["package.updated_at", "package.created_at"]
+    ),
+    rule!(
+        "page_build",
+        Suffix::None,
+        REPO,
+        Some("build.url"),
+        ["pusher.updated_at"]
+    ),
+    rule!(
+        "project_card",
+        ACTION,
+        REPO,
+        Some("project_card.id"),
+        ["project_card.updated_at"]
+    ),
+    rule!(
+        "project_column",
+        ACTION,
+        REPO,
+        Some("project_column.id"),
+        ["project_column.updated_at"]
+    ),
+    rule!(
+        "project",
+        ACTION,
+        REPO,
+        Some("project.id"),
+        ["project.updated_at"]
+    ),
+    rule!(
+        "projects_v2",
+        ACTION,
+        REPO,
+        Some("projects_v2.id"),
+        ["projects_v2.updated_at"]
+    ),
+    rule!(
+        "projects_v2_item",
+        ACTION,
+        REPO,
+        Some("projects_v2_item.id"),
+        ["projects_v2_item.updated_at"]
+    ),
+    rule!(
+        "projects_v2_status_update",
+        ACTION,
+        REPO,
+        Some("projects_v2_status_update.id"),
+        ["projects_v2_status_update.updated_at"]
+    ),
+    rule!(
+        "public",
+        Suffix::None,
+        Src::At("repository.owner.url"),
+        Some("repository.name"),
+        ["repository.updated_at"]
+    ),
+    rule!(
+        "pull_request",
+        ACTION,
+        REPO,
+        Some("number"),
+        ["pull_request.updated_at"]
+    ),
+    rule!(
+        "pull_request_review",
+        ACTION,
+        Src::At("pull_request.url"),
+        Some("review.id"),
+        ["review.submitted_at"]
+    ),
+    rule!(
+        "pull_request_review_comment",
+        ACTION,
+        Src::At("pull_request.url"),
+        Some("comment.id"),
+        ["pull_request.updated_at"]
+    ),
+    rule!(
+        "pull_request_review_thread",
+        ACTION,
+        Src::At("pull_request.url"),
+        Some("pull_request.id"),
+        []
+    ),
     rule!("push", Suffix::None, REPO, Some("ref"), []),
-    rule!("registry_package", ACTION, REPO, Some("registry_package.html_url"), ["registry_package.updated_at"]),
+    rule!(
+        "registry_package",
+        ACTION,
+        REPO,
+        Some("registry_package.html_url"),
+        ["registry_package.updated_at"]
+    ),
     // "release.*_at value based on action": the publication, else the creation.
-    rule!("release", ACTION, REPO, Some("release.id"), ["release.published_at", "release.created_at"]),
-    rule!("repository", ACTION, Src::At("repository.owner.url"), Some("repository.name"), ["repository.updated_at"]),
-    rule!("repository_advisory", ACTION, REPO, Some("repository_advisory.ghsa_id"), ["repository_advisory.updated_at"]),
+    rule!(
+        "release",
+        ACTION,
+        REPO,
+        Some("release.id"),
+        ["release.published_at", "release.created_at"]
+    ),
+    rule!(
+        "repository",
+        ACTION,
+        Src::At("repository.owner.url"),
+        Some("repository.name"),
+        ["repository.updated_at"]
+    ),
+    rule!(
+        "repository_advisory",
+        ACTION,
+        REPO,
+        Some("repository_advisory.ghsa_id"),
+        ["repository_advisory.updated_at"]
+    ),
     // The adapter writes `com.github.repository_dispatch` + "action" (no `.`); the `.` is kept
     // as for every other action suffix. Likewise `repository_ruleset`.
-    rule!("repository_dispatch", ACTION, Src::At("repository.owner.url"), None, []),
-    rule!("repository_import", Suffix::None, Src::At("repository.owner.url"), Some("repository.name"), ["repository.updated_at"]),
-    rule!("repository_ruleset", ACTION, Src::At("repository.owner.url"), Some("repository.name"), ["repository.updated_at"]),
-    rule!("repository_vulnerability_alert", ACTION, REPO, Some("alert.id"), []),
-    rule!("secret_scanning_alert", ACTION, REPO, Some("alert.number"), ["alert.updated_at", "alert.created_at"]),
-    rule!("secret_scanning_alert_location", ACTION, REPO, Some("alert.number"), ["alert.updated_at", "alert.created_at"]),
-    rule!("security_advisory", ACTION, Src::Const("github.com"), Some("security_advisory.ghsa_id"), ["security_advisory.updated_at"]),
+    rule!(
+        "repository_dispatch",
+        ACTION,
+        Src::At("repository.owner.url"),
+        None,
+        []
+    ),
+    rule!(
+        "repository_import",
+        Suffix::None,
+        Src::At("repository.owner.url"),
+        Some("repository.name"),
+        ["repository.updated_at"]
+    ),
+    rule!(
+        "repository_ruleset",
+        ACTION,
+        Src::At("repository.owner.url"),
+        Some("repository.name"),
+        ["repository.updated_at"]
+    ),
+    rule!(
+        "repository_vulnerability_alert",
+        ACTION,
+        REPO,
+        Some("alert.id"),
+        []
+    ),
+    rule!(
+        "secret_scanning_alert",
+        ACTION,
+        REPO,
+        Some("alert.number"),
+        ["alert.updated_at", "alert.created_at"]
+    ),
+    rule!(
+        "secret_scanning_alert_location",
+        ACTION,
+        REPO,
+        Some("alert.number"),
+        ["alert.updated_at", "alert.created_at"]
+    ),
+    rule!(
+        "security_advisory",
+        ACTION,
+        Src::Const("github.com"),
+        Some("security_advisory.ghsa_id"),
+        ["security_advisory.updated_at"]
+    ),
     rule!("security_and_analysis", Suffix::None, REPO, None, []),
-    rule!("sponsorship", ACTION, REPO, Some("sponsorship.sponsor.login"), []),
+    rule!(
+        "sponsorship",
+        ACTION,
+        REPO,
+        Some("sponsorship.sponsor.login"),
+        []
+    ),
     rule!("star", ACTION, REPO, None, ["starred_at"]),
     // The adapter: `com.github.status.` # + "state" value ?
-    rule!("status", Suffix::At("state"), REPO, Some("sha"), ["updated_at"]),
+    rule!(
+        "status",
+        Suffix::At("state"),
+        REPO,
+        Some("sha"),
+        ["updated_at"]
+    ),
     rule!("team", ACTION, REPO, Some("team.id"), ["updated_at"]),
     rule!("team_add", ACTION, REPO, Some("team.id"), []),
     rule!("watch", ACTION, REPO, None, []),
-    rule!("workflow_dispatch", Suffix::None, REPO, Some("workflow"), []),
+    rule!(
+        "workflow_dispatch",
+        Suffix::None,
+        REPO,
+        Some("workflow"),
+        []
+    ),
     rule!("workflow_job", ACTION, REPO, Some("workflow_job.name"), []),
     rule!("workflow_run", ACTION, REPO, Some("workflow.name"), []),
 ];
@@ -280,7 +595,12 @@ const FALLBACK_SOURCES: &[&str] = &["repository.url", "organization.url", "sende
 fn name(
     event: &str,
     doc: &Doc<'_>,
-) -> (String, String, Option<String>, Option<sluice_core::event::Timestamp>) {
+) -> (
+    String,
+    String,
+    Option<String>,
+    Option<sluice_core::event::Timestamp>,
+) {
     let rule = RULES.iter().find(|r| r.event == event);
     let mut ty = format!("com.github.{}", rule.and_then(|r| r.base).unwrap_or(event));
     let suffix = match rule.map(|r| &r.suffix).unwrap_or(&ACTION) {
@@ -302,7 +622,8 @@ fn name(
                 (Some(u), Some(c)) => Some(format!("{u}/{c}")),
                 _ => None,
             },
-            Src::SenderParent => doc.get("sender.url")
+            Src::SenderParent => doc
+                .get("sender.url")
                 .map(|u| u.rsplit_once('/').map(|(p, _)| p.to_owned()).unwrap_or(u)),
             Src::Const(c) => Some((*c).to_owned()),
         })
@@ -320,13 +641,19 @@ mod tests {
     fn name_of(
         event: &str,
         json: &str,
-    ) -> (String, String, Option<String>, Option<sluice_core::event::Timestamp>) {
+    ) -> (
+        String,
+        String,
+        Option<String>,
+        Option<sluice_core::event::Timestamp>,
+    ) {
         name(event, &Doc::parse(json.as_bytes()).unwrap())
     }
 
     #[test]
     fn names_follow_the_adapter() {
-        let push = r#"{"ref":"refs/heads/main","repository":{"url":"https://github.com/octo/hello"}}"#;
+        let push =
+            r#"{"ref":"refs/heads/main","repository":{"url":"https://github.com/octo/hello"}}"#;
         let (ty, source, subject, _) = name_of("push", push);
         assert_eq!(ty, "com.github.push");
         assert_eq!(source, "https://github.com/octo/hello");
@@ -349,11 +676,21 @@ mod tests {
         assert_eq!(name_of("create", create).0, "com.github.create.tag");
         let m = r#"{"action":"added","scope":"team","team":{"url":"u:t"},"member":{"login":"x"}}"#;
         let (ty, source, ..) = name_of("membership", m);
-        assert_eq!((ty.as_str(), source.as_str()), ("com.github.membership.team.added", "u:t"));
+        assert_eq!(
+            (ty.as_str(), source.as_str()),
+            ("com.github.membership.team.added", "u:t")
+        );
         let cc = r#"{"action":"created","comment":{"url":"https://api.github.com/c/1","commit_id":"abc","id":1}}"#;
-        assert_eq!(name_of("commit_comment", cc).1, "https://api.github.com/c/1/abc");
-        let mp = r#"{"action":"purchased","sender":{"url":"https://api.github.com/users/octocat"}}"#;
-        assert_eq!(name_of("marketplace_purchase", mp).1, "https://api.github.com/users");
+        assert_eq!(
+            name_of("commit_comment", cc).1,
+            "https://api.github.com/c/1/abc"
+        );
+        let mp =
+            r#"{"action":"purchased","sender":{"url":"https://api.github.com/users/octocat"}}"#;
+        assert_eq!(
+            name_of("marketplace_purchase", mp).1,
+            "https://api.github.com/users"
+        );
         // Listed since: the subject and time the adapter names.
         let wr = r#"{"action":"completed","workflow":{"name":"CI"},"repository":{"url":"u:r"}}"#;
         let (ty, source, subject, time) = name_of("workflow_run", wr);
@@ -366,13 +703,22 @@ mod tests {
         assert_eq!((source.as_str(), subject.as_deref()), ("u:p", Some("9")));
         let sa = r#"{"alert":{"number":5,"updated_at":null,"created_at":"2024-01-02T03:04:05Z"},"action":"created","repository":{"url":"u:r"}}"#;
         let (ty, _, subject, time) = name_of("secret_scanning_alert", sa);
-        assert_eq!((ty.as_str(), subject.as_deref()), ("com.github.secret_scanning_alert.created", Some("5")));
+        assert_eq!(
+            (ty.as_str(), subject.as_deref()),
+            ("com.github.secret_scanning_alert.created", Some("5"))
+        );
         assert_eq!(time.unwrap().as_str(), "2024-01-02T03:04:05Z");
         let saa = r#"{"action":"x","repository":{"url":"u:r"}}"#;
-        assert_eq!(name_of("security_and_analysis", saa).0, "com.github.security_and_analysis");
+        assert_eq!(
+            name_of("security_and_analysis", saa).0,
+            "com.github.security_and_analysis"
+        );
         // Not in the adapter's table: named by the same pattern.
         let si = r#"{"action":"sub_issue_added","repository":{"url":"u:r"}}"#;
-        assert_eq!(name_of("sub_issues", si).0, "com.github.sub_issues.sub_issue_added");
+        assert_eq!(
+            name_of("sub_issues", si).0,
+            "com.github.sub_issues.sub_issue_added"
+        );
         assert_eq!(name_of("sub_issues", si).1, "u:r");
         assert_eq!(name_of("sub_issues", "{}").1, "https://github.com");
     }

@@ -7,9 +7,8 @@ use http::HeaderMap;
 
 use super::standard::{secret_key, Verifier};
 use super::{
-    Doc,
-    first, header_400, json_event, single, token_matches,
-    EventFilter, Keys, Naming, Provider, Refusal, Request, Secret, Verdict,
+    first, header_400, json_event, single, token_matches, Doc, EventFilter, Keys, Naming, Provider,
+    Refusal, Request, Secret, Verdict,
 };
 use crate::Format;
 use sluice_core::units::HumanDuration;
@@ -60,7 +59,10 @@ impl GitlabConfig {
         Ok(Gitlab {
             tokens: self.secrets.clone(),
             signed: (!signing.is_empty()).then(|| Verifier {
-                keys: Keys::new(aws_lc_rs::hmac::HMAC_SHA256, signing.iter().map(Vec::as_slice)),
+                keys: Keys::new(
+                    aws_lc_rs::hmac::HMAC_SHA256,
+                    signing.iter().map(Vec::as_slice),
+                ),
                 public_keys: Vec::new(),
                 tolerance: self.tolerance.get(),
             }),
@@ -102,7 +104,8 @@ impl Provider for Gitlab {
     fn event(&self, req: &Request<'_>, naming: &Naming<'_>) -> Result<Verdict, Refusal> {
         let doc = Doc::parse(req.body)?;
         let json = doc.text();
-        let kind = doc.get("object_kind")
+        let kind = doc
+            .get("object_kind")
             .or_else(|| doc.get("event_name"))
             .unwrap_or_else(|| "unknown".into());
         let header_event = header_400(req.headers, "x-gitlab-event")?;
@@ -122,7 +125,10 @@ impl Provider for Gitlab {
         }
         let (ty, source, subject, time) = name(&kind, &doc);
         let e = json_event(id, source, ty, subject, time, req.body.clone())?;
-        Ok(Verdict::Event { event: e, fresh: false })
+        Ok(Verdict::Event {
+            event: e,
+            fresh: false,
+        })
     }
 }
 
@@ -144,17 +150,23 @@ fn snake(s: &str) -> String {
 
 /// `object_attributes.url` without its `#note_…` part.
 fn note_url(doc: &Doc<'_>) -> Option<String> {
-    doc.get("object_attributes.url").map(|u| match u.split_once("#note_") {
-        Some((base, _)) => base.to_owned(),
-        None => u,
-    })
+    doc.get("object_attributes.url")
+        .map(|u| match u.split_once("#note_") {
+            Some((base, _)) => base.to_owned(),
+            None => u,
+        })
 }
 
 /// `(type, source, subject, time)` per the adapter, for `object_kind` = `kind`.
 fn name(
     kind: &str,
     doc: &Doc<'_>,
-) -> (String, String, Option<String>, Option<sluice_core::event::Timestamp>) {
+) -> (
+    String,
+    String,
+    Option<String>,
+    Option<sluice_core::event::Timestamp>,
+) {
     let homepage = || doc.get("repository.homepage");
     let web_url = || doc.get("project.web_url");
     let attr = |p: &str| doc.get(&format!("object_attributes.{p}"));
@@ -163,7 +175,12 @@ fn name(
         None => format!("com.gitlab.{base}"),
     };
     let (ty, source, subject, time) = match kind {
-        "push" => (with("push", None), homepage(), doc.get("checkout_sha"), None),
+        "push" => (
+            with("push", None),
+            homepage(),
+            doc.get("checkout_sha"),
+            None,
+        ),
         "tag_push" => (with("tag_push", None), homepage(), doc.get("ref"), None),
         "issue" => (with("issue", attr("state")), homepage(), attr("iid"), None),
         "note" => {
@@ -172,7 +189,12 @@ fn name(
                 Some("commit") => doc.get("commit.url"),
                 _ => note_url(doc),
             };
-            (with("note", on), source, attr("id"), doc.time(&["object_attributes.created_at"]))
+            (
+                with("note", on),
+                source,
+                attr("id"),
+                doc.time(&["object_attributes.created_at"]),
+            )
         }
         "merge_request" => (
             with("merge_request", attr("action")),
@@ -180,11 +202,24 @@ fn name(
             attr("iid"),
             doc.time(&["object_attributes.created_at"]),
         ),
-        "wiki_page" => (with("wiki_page", attr("action")), web_url(), attr("slug"), None),
-        "pipeline" => (with("pipeline", attr("status")), web_url(), attr("id"), None),
+        "wiki_page" => (
+            with("wiki_page", attr("action")),
+            web_url(),
+            attr("slug"),
+            None,
+        ),
+        "pipeline" => (
+            with("pipeline", attr("status")),
+            web_url(),
+            attr("id"),
+            None,
+        ),
         // The adapter says `job_status` / `job_id`; GitLab's job events carry `build_*`.
         "build" => (
-            with("job", doc.get("build_status").or_else(|| doc.get("job_status"))),
+            with(
+                "job",
+                doc.get("build_status").or_else(|| doc.get("job_status")),
+            ),
             homepage(),
             doc.get("build_id").or_else(|| doc.get("job_id")),
             None,
@@ -205,7 +240,12 @@ mod tests {
     fn name_of(
         event: &str,
         json: &str,
-    ) -> (String, String, Option<String>, Option<sluice_core::event::Timestamp>) {
+    ) -> (
+        String,
+        String,
+        Option<String>,
+        Option<sluice_core::event::Timestamp>,
+    ) {
         name(event, &Doc::parse(json.as_bytes()).unwrap())
     }
 
@@ -227,7 +267,10 @@ mod tests {
         assert_eq!(source, "http://example.com/g/p/-/merge_requests/1");
         let job = r#"{"object_kind":"build","build_id":1977,"build_status":"created","repository":{"homepage":"h:r"}}"#;
         let (ty, _, subject, _) = name_of("build", job);
-        assert_eq!((ty.as_str(), subject.as_deref()), ("com.gitlab.job.created", Some("1977")));
+        assert_eq!(
+            (ty.as_str(), subject.as_deref()),
+            ("com.gitlab.job.created", Some("1977"))
+        );
         let pipe = r#"{"object_kind":"pipeline","object_attributes":{"id":31,"status":"success"},"project":{"web_url":"http://example.com/g/p"}}"#;
         assert_eq!(name_of("pipeline", pipe).0, "com.gitlab.pipeline.success");
         assert_eq!(name_of("pipeline", pipe).1, "http://example.com/g/p");

@@ -101,7 +101,11 @@ fn parse_signed(t: &str) -> Result<Vec<Piece>, String> {
         pieces.push(match &rest[i + 1..i + end] {
             "body" => Piece::Body,
             "timestamp" => Piece::Timestamp,
-            other => return Err(format!("signed: unknown placeholder {{{other}}}: use {{body}} and {{timestamp}}")),
+            other => {
+                return Err(format!(
+                    "signed: unknown placeholder {{{other}}}: use {{body}} and {{timestamp}}"
+                ))
+            }
         });
         rest = &rest[i + end + 1..];
     }
@@ -156,7 +160,10 @@ impl HmacConfig {
             header: self.header.to_ascii_lowercase(),
             encoding: self.encoding,
             prefix: self.prefix.clone(),
-            timestamp_header: self.timestamp_header.as_ref().map(|h| h.to_ascii_lowercase()),
+            timestamp_header: self
+                .timestamp_header
+                .as_ref()
+                .map(|h| h.to_ascii_lowercase()),
             tolerance: self.tolerance.get(),
             signed: parse_signed(&self.signed)?,
             id_header: self.id_header.as_ref().map(|h| h.to_ascii_lowercase()),
@@ -185,7 +192,9 @@ pub(crate) struct Hmac {
 
 impl Provider for Hmac {
     fn delivery_id<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
-        self.id_header.as_deref().and_then(|h| super::first(headers, h))
+        self.id_header
+            .as_deref()
+            .and_then(|h| super::first(headers, h))
     }
 
     fn verify(&self, req: &Request<'_>) -> Result<(), Refusal> {
@@ -209,7 +218,10 @@ impl Provider for Hmac {
             Encoding::Base64 => super::unbase64(encoded),
         }
         .ok_or_else(|| {
-            Refusal::unauthorized("bad_signature", format!("{} is not {:?}", self.header, self.encoding))
+            Refusal::unauthorized(
+                "bad_signature",
+                format!("{} is not {:?}", self.header, self.encoding),
+            )
         })?;
         let parts: Vec<&[u8]> = self
             .signed
@@ -225,7 +237,10 @@ impl Provider for Hmac {
         } else {
             Err(Refusal::unauthorized(
                 "bad_signature",
-                format!("{} does not match the body under any configured secret", self.header),
+                format!(
+                    "{} does not match the body under any configured secret",
+                    self.header
+                ),
             ))
         }
     }
@@ -251,13 +266,22 @@ impl Provider for Hmac {
             None => None,
         }
         .unwrap_or_else(|| super::hash_id(&[req.body]));
-        let source = self.source.clone().unwrap_or_else(|| naming.source.to_owned());
+        let source = self
+            .source
+            .clone()
+            .unwrap_or_else(|| naming.source.to_owned());
         if json.is_some() {
             let e = json_event(id, source, ty, None, None, req.body.clone())?;
-            return Ok(Verdict::Event { event: e, fresh: false });
+            return Ok(Verdict::Event {
+                event: e,
+                fresh: false,
+            });
         }
         let e = super::body_event(req, id, source, ty, None, None)?;
-        Ok(Verdict::Event { event: e, fresh: false })
+        Ok(Verdict::Event {
+            event: e,
+            fresh: false,
+        })
     }
 }
 

@@ -7,9 +7,8 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 use super::{
-    Doc,
-    check_timestamp, form_object, form_value, is_form, json_event, required,
-    unix_time, EventFilter, Keys, Naming, Provider, Refusal, Request, Secret, Verdict,
+    check_timestamp, form_object, form_value, is_form, json_event, required, unix_time, Doc,
+    EventFilter, Keys, Naming, Provider, Refusal, Request, Secret, Verdict,
 };
 use crate::Format;
 use sluice_core::units::HumanDuration;
@@ -141,8 +140,10 @@ impl Provider for Slack {
                 Some("event_callback") => {
                     let inner = doc.raw("event").unwrap_or("null");
                     (
-                        doc.get("event.type").unwrap_or_else(|| "event_callback".into()),
-                        doc.get("event_id").unwrap_or_else(|| super::hash_id(&[body])),
+                        doc.get("event.type")
+                            .unwrap_or_else(|| "event_callback".into()),
+                        doc.get("event_id")
+                            .unwrap_or_else(|| super::hash_id(&[body])),
                         team_source(doc.get("team_id")),
                         doc.get("event.channel"),
                         doc.get("event_time").and_then(|t| t.parse().ok()),
@@ -152,7 +153,8 @@ impl Provider for Slack {
                 }
                 other => (
                     other.unwrap_or("unknown").to_owned(),
-                    doc.get("event_id").unwrap_or_else(|| super::hash_id(&[body])),
+                    doc.get("event_id")
+                        .unwrap_or_else(|| super::hash_id(&[body])),
                     team_source(doc.get("team_id")),
                     None,
                     None,
@@ -175,6 +177,9 @@ impl Provider for Slack {
             time.and_then(unix_time),
             data,
         )?;
-        Ok(Verdict::Event { event: e, fresh: false })
+        Ok(Verdict::Event {
+            event: e,
+            fresh: false,
+        })
     }
 }

@@ -61,7 +61,8 @@ fn default_type() -> String {
 /// The key bytes of a `whsec_` secret (the base64 after the prefix).
 pub(crate) fn secret_key(s: &str) -> Result<Vec<u8>, String> {
     let b64 = s.strip_prefix("whsec_").unwrap_or(s);
-    unbase64(b64).ok_or_else(|| "a secret is not `whsec_` + base64 (as the sender shows it)".to_owned())
+    unbase64(b64)
+        .ok_or_else(|| "a secret is not `whsec_` + base64 (as the sender shows it)".to_owned())
 }
 
 fn public_key(s: &str) -> Result<Vec<u8>, String> {
@@ -89,7 +90,9 @@ impl StandardWebhooksConfig {
             public_key(&k.0).map_err(|e| format!("public_keys: {e}"))?;
         }
         if self.format == Format::Argo {
-            return Err("format: argo is not available: Argo Events has no Standard Webhooks source".into());
+            return Err(
+                "format: argo is not available: Argo Events has no Standard Webhooks source".into(),
+            );
         }
         sluice_core::event::check_string("type", &self.event_type, true).map_err(|e| e.0)?;
         EventFilter::new(&self.events).map(drop)
@@ -103,7 +106,10 @@ impl StandardWebhooksConfig {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Standard {
             verifier: Verifier {
-                keys: Keys::new(aws_lc_rs::hmac::HMAC_SHA256, secrets.iter().map(Vec::as_slice)),
+                keys: Keys::new(
+                    aws_lc_rs::hmac::HMAC_SHA256,
+                    secrets.iter().map(Vec::as_slice),
+                ),
                 public_keys: self
                     .public_keys
                     .iter()
@@ -215,14 +221,20 @@ impl Provider for Standard {
             .ok()
             .filter(|_| sluice_core::event::is_json(req.body));
         let payload_type = json.and_then(|j| text_at(j, &self.type_path));
-        if !self.events.allows(payload_type.as_deref().unwrap_or(&self.ty)) {
+        if !self
+            .events
+            .allows(payload_type.as_deref().unwrap_or(&self.ty))
+        {
             return Ok(Verdict::Filtered);
         }
         let ty = match payload_type {
             Some(t) => format!("{}{t}", self.type_prefix),
             None => self.ty.clone(),
         };
-        let source = self.source.clone().unwrap_or_else(|| naming.source.to_owned());
+        let source = self
+            .source
+            .clone()
+            .unwrap_or_else(|| naming.source.to_owned());
         let subject = match (&self.subject_path, json) {
             (Some(p), Some(j)) => text_at(j, p),
             _ => None,
@@ -233,9 +245,15 @@ impl Provider for Standard {
             .or_else(|| ts.parse().ok().and_then(super::unix_time));
         if json.is_some() {
             let e = json_event(id.to_owned(), source, ty, subject, time, req.body.clone())?;
-            return Ok(Verdict::Event { event: e, fresh: false });
+            return Ok(Verdict::Event {
+                event: e,
+                fresh: false,
+            });
         }
         let e = super::body_event(req, id.to_owned(), source, ty, subject, time)?;
-        Ok(Verdict::Event { event: e, fresh: false })
+        Ok(Verdict::Event {
+            event: e,
+            fresh: false,
+        })
     }
 }

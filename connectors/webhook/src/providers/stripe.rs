@@ -6,9 +6,8 @@
 use http::HeaderMap;
 
 use super::{
-    Doc,
-    check_timestamp, json_event, required, unix_time, EventFilter, Keys,
-    Naming, Provider, Refusal, Request, Secret, Verdict,
+    check_timestamp, json_event, required, unix_time, Doc, EventFilter, Keys, Naming, Provider,
+    Refusal, Request, Secret, Verdict,
 };
 use crate::Format;
 use sluice_core::units::HumanDuration;
@@ -100,12 +99,14 @@ impl Provider for Stripe {
     fn event(&self, req: &Request<'_>, naming: &Naming<'_>) -> Result<Verdict, Refusal> {
         let doc = Doc::parse(req.body)?;
         let json = doc.text();
-        let ty = doc.get("type")
+        let ty = doc
+            .get("type")
             .ok_or_else(|| Refusal::bad_request("invalid_event", "the event has no `type`"))?;
         if !self.events.allows(&ty) {
             return Ok(Verdict::Filtered);
         }
-        let id = doc.get("id")
+        let id = doc
+            .get("id")
             .ok_or_else(|| Refusal::bad_request("invalid_event", "the event has no `id`"))?;
         if naming.format == Format::Argo {
             let mut data = Vec::with_capacity(json.len() + 64);
@@ -131,6 +132,9 @@ impl Provider for Stripe {
             unix_time(time),
             req.body.clone(),
         )?;
-        Ok(Verdict::Event { event: e, fresh: false })
+        Ok(Verdict::Event {
+            event: e,
+            fresh: false,
+        })
     }
 }
