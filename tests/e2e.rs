@@ -1308,7 +1308,10 @@ async fn github_push_is_verified_named_and_deduplicated() {
         vec![
             ("content-type", "application/json".to_owned()),
             ("x-github-event", "push".to_owned()),
-            ("x-github-delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_owned()),
+            (
+                "x-github-delivery",
+                "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_owned(),
+            ),
             ("x-hub-signature-256", sig.to_owned()),
         ]
     };
@@ -1327,7 +1330,10 @@ async fn github_push_is_verified_named_and_deduplicated() {
     assert_eq!(line["id"], "72d3162e-cc78-11e3-81ab-4c9367dc0958");
     assert_eq!(line["source"], "https://github.com/octocat/Hello-World");
     assert_eq!(line["subject"], "refs/heads/main");
-    assert_eq!(line["data"]["after"], "6113728f27ae82c7b1a177c8d03f9e96e0adf246");
+    assert_eq!(
+        line["data"]["after"],
+        "6113728f27ae82c7b1a177c8d03f9e96e0adf246"
+    );
     // GitHub redelivers with the same delivery id: answered 200 as a duplicate, not forwarded.
     let (status, reply) = send(headers(&github_signature("s3cr3t-new", push)), push).await;
     assert_eq!(status, StatusCode::OK);
@@ -1346,15 +1352,29 @@ async fn github_push_is_verified_named_and_deduplicated() {
     let (_, metrics) = get(d.admin, "/metrics").await.unwrap();
     let m = String::from_utf8_lossy(&metrics);
     assert_eq!(
-        metric(&m, "sluice_events_rejected_total{source=\"gh\",reason=\"bad_signature\"}"),
+        metric(
+            &m,
+            "sluice_events_rejected_total{source=\"gh\",reason=\"bad_signature\"}"
+        ),
         1.0,
         "{m}"
     );
-    assert_eq!(metric(&m, "sluice_events_filtered_total{source=\"gh\"}"), 1.0, "{m}");
-    assert_eq!(metric(&m, "sluice_events_deduplicated_total{source=\"gh\"}"), 1.0, "{m}");
+    assert_eq!(
+        metric(&m, "sluice_events_filtered_total{source=\"gh\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "sluice_events_deduplicated_total{source=\"gh\"}"),
+        1.0,
+        "{m}"
+    );
     let (status, rest) = d.stop_collecting();
     assert!(status.success());
-    assert!(rest.is_empty(), "nothing but the first push reached the sink: {rest:?}");
+    assert!(
+        rest.is_empty(),
+        "nothing but the first push reached the sink: {rest:?}"
+    );
 }
 
 /// Requests signed by the providers' own Python libraries (`stripe`, `slack_sdk`,
@@ -1382,7 +1402,11 @@ async fn provider_libraries_signatures_verify() {
             .unwrap()
             .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(
         stdout.lines().collect::<Vec<_>>(),
         [
@@ -1399,19 +1423,31 @@ async fn provider_libraries_signatures_verify() {
     let mut got: Vec<(String, String)> = (0..3)
         .map(|_| {
             let l = d.next_line();
-            (l["type"].as_str().unwrap().to_owned(), l["id"].as_str().unwrap().to_owned())
+            (
+                l["type"].as_str().unwrap().to_owned(),
+                l["id"].as_str().unwrap().to_owned(),
+            )
         })
         .collect();
     got.sort();
     assert_eq!(
         got,
         [
-            ("com.example.invoice.paid".to_owned(), "msg_interop_1".to_owned()),
+            (
+                "com.example.invoice.paid".to_owned(),
+                "msg_interop_1".to_owned()
+            ),
             ("com.slack.app_mention".to_owned(), "Ev0INTEROP1".to_owned()),
-            ("com.stripe.charge.succeeded".to_owned(), "evt_interop_1".to_owned()),
+            (
+                "com.stripe.charge.succeeded".to_owned(),
+                "evt_interop_1".to_owned()
+            ),
         ]
     );
     let (status, rest) = d.stop_collecting();
     assert!(status.success());
-    assert!(rest.is_empty(), "refused requests reached the sink: {rest:?}");
+    assert!(
+        rest.is_empty(),
+        "refused requests reached the sink: {rest:?}"
+    );
 }
