@@ -945,7 +945,13 @@ async fn kafka_to_jetstream_relay_survives_kill_9() {
         .map(|i| {
             let payload = format!("{{\"i\":{i}}}");
             producer
-                .send_result(FutureRecord::<(), _>::to("relay").payload(&payload))
+                // Both partitions explicitly: keyless records go where the sticky partitioner
+                // puts them, which can be one partition for the whole run.
+                .send_result(
+                    FutureRecord::<(), _>::to("relay")
+                        .payload(&payload)
+                        .partition((i % 2) as i32),
+                )
                 .unwrap()
         })
         .collect();
