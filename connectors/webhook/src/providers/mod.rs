@@ -242,7 +242,7 @@ pub(crate) fn check_timestamp(
     let t: i64 = value.trim().parse().map_err(|_| {
         Refusal::unauthorized("bad_timestamp", format!("{header} is not a unix timestamp"))
     })?;
-    let skew = now - t;
+    let skew = now.saturating_sub(t);
     if skew.unsigned_abs() > tolerance.as_secs() {
         let (dir, by) = if skew > 0 {
             ("old", skew)
@@ -450,7 +450,7 @@ impl EventFilter {
     pub fn new(names: &[String]) -> Result<EventFilter, String> {
         if let Some(bad) = names
             .iter()
-            .find(|n| n.is_empty() || n[..n.len().saturating_sub(1)].contains('*'))
+            .find(|n| n.is_empty() || n.strip_suffix('*').unwrap_or(n).contains('*'))
         {
             return Err(format!(
                 "events: {bad:?} is not an event name, `*`, or a name ending in `*`"
@@ -642,6 +642,9 @@ mod unit {
         assert!(EventFilter::new(&[]).unwrap().allows("anything"));
         assert!(EventFilter::new(&["*".into()]).unwrap().allows("x"));
         assert!(EventFilter::new(&["a*b".into()]).is_err());
+        assert!(EventFilter::new(&["é".into(), "ü*".into()])
+            .unwrap()
+            .allows("üx"));
     }
 
     #[test]
