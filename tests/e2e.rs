@@ -617,32 +617,41 @@ async fn schedule_catchup_across_a_restart_emits_no_slot_twice() {
     );
 }
 
-/// A client no one here wrote: the official Python SDK sends binary and structured events, and
-/// they arrive intact. The test script installs the SDK into target/pyenv.
-#[tokio::test]
-async fn python_cloudevents_sdk_events_arrive_intact() {
+/// Runs `tests/interop/<script>` with `url` on the test script's Python (target/pyenv, where
+/// scripts/test.sh installs the SDKs and libraries the interop tests use) and returns its stdout;
+/// a missing interpreter or a failing script fails the test with what to do or its output.
+async fn run_interop_script(script: &str, url: String) -> String {
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pyenv/bin/python");
     assert!(
         python.exists(),
-        "{} is missing: run scripts/test.sh, which installs the Python CloudEvents SDK there",
+        "{} is missing: run scripts/test.sh, which installs the Python SDK and the provider libraries there",
         python.display()
     );
-    let dir = tempfile::tempdir().unwrap();
-    let mut d = Daemon::start(dir.path(), "");
-    d.wait_ready().await;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/python_sdk_client.py");
-    let url = format!("http://{}/", d.hook);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/interop")
+        .join(script);
     let out =
         tokio::task::spawn_blocking(move || Command::new(&python).arg(&script).arg(url).output())
             .await
             .unwrap()
             .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    stdout
+}
+
+/// A client no one here wrote: the official Python SDK sends binary and structured events, and
+/// they arrive intact. The test script installs the SDK into target/pyenv.
+#[tokio::test]
+async fn python_cloudevents_sdk_events_arrive_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path(), "");
+    d.wait_ready().await;
+    let stdout = run_interop_script("python_sdk_client.py", format!("http://{}/", d.hook)).await;
     assert_eq!(
         stdout.lines().collect::<Vec<_>>(),
         ["binary 200", "structured 200"]
@@ -1388,31 +1397,13 @@ async fn github_push_is_verified_named_and_deduplicated() {
 /// same libraries' tampered, wrong-secret and stale requests do not.
 #[tokio::test]
 async fn provider_libraries_signatures_verify() {
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pyenv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run scripts/test.sh, which installs the provider libraries there",
-        python.display()
-    );
     let dir = tempfile::tempdir().unwrap();
     let body = format!(
         "sources:\n  pay: {{ kind: stripe, listen: {HOOK}, path: /stripe, secrets: [whsec_interop_stripe] }}\n  chat: {{ kind: slack, listen: {HOOK}, path: /slack, secrets: [interop-slack-signing-secret] }}\n  std: {{ kind: standard-webhooks, listen: {HOOK}, path: /standard, secrets: [whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw], type_prefix: com.example. }}\nsinks:\n  console: {{ kind: log }}\nroutes:\n  - {{ from: [pay, chat, std], to: [console] }}\n"
     );
     let mut d = Daemon::start_with(dir.path(), &body);
     d.wait_ready().await;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/provider_signatures.py");
-    let url = format!("http://{}", d.hook);
-    let out =
-        tokio::task::spawn_blocking(move || Command::new(&python).arg(&script).arg(url).output())
-            .await
-            .unwrap()
-            .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_interop_script("provider_signatures.py", format!("http://{}", d.hook)).await;
     assert_eq!(
         stdout.lines().collect::<Vec<_>>(),
         [
