@@ -119,3 +119,21 @@ start_sluice_on() {
   RUST_LOG=warn ${SERVER_PIN:-} ${SLUICE_BIN:-target/release/sluice} run -c "$work/sluice.yaml" --threads "${THREADS:-1}" >/dev/null 2>"$work/sluice.err" & spid=$!
   wait_port "$1"
 }
+
+# QUOTA=N (percent): a cgroup (v1 or v2) CPU quota of N % of one core, 10 ms period, for the
+# server under test, so that it, not the load generator, is the bottleneck. Sets $CG (empty
+# without QUOTA); `confine PID` moves a process into it.
+quota_setup() {
+  CG=""
+  [ -n "${QUOTA:-}" ] || return 0
+  if [ -d /sys/fs/cgroup/cpu ] && mkdir -p /sys/fs/cgroup/cpu/sluicebench 2>/dev/null; then
+    CG=/sys/fs/cgroup/cpu/sluicebench
+    echo 10000 > $CG/cpu.cfs_period_us; echo $((QUOTA * 100)) > $CG/cpu.cfs_quota_us
+  elif [ -f /sys/fs/cgroup/cgroup.controllers ] && mkdir -p /sys/fs/cgroup/sluicebench 2>/dev/null; then
+    CG=/sys/fs/cgroup/sluicebench
+    echo "$((QUOTA * 100)) 10000" > $CG/cpu.max
+  else
+    echo "QUOTA needs a writable cgroup cpu controller" >&2; exit 1
+  fi
+}
+confine() { if [ -n "${CG:-}" ]; then echo "$1" > "$CG/cgroup.procs"; fi; }

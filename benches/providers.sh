@@ -52,18 +52,7 @@ LUA
 done
 
 QUOTA=${QUOTA:-}
-CG=""
-if [ -n "$QUOTA" ]; then
-  if [ -d /sys/fs/cgroup/cpu ] && mkdir -p /sys/fs/cgroup/cpu/sluicebench 2>/dev/null; then
-    CG=/sys/fs/cgroup/cpu/sluicebench
-    echo 10000 > $CG/cpu.cfs_period_us; echo $((QUOTA * 100)) > $CG/cpu.cfs_quota_us
-  elif [ -f /sys/fs/cgroup/cgroup.controllers ] && mkdir -p /sys/fs/cgroup/sluicebench 2>/dev/null; then
-    CG=/sys/fs/cgroup/sluicebench
-    echo "$((QUOTA * 100)) 10000" > $CG/cpu.max
-  else
-    echo "QUOTA needs a writable cgroup cpu controller" >&2; exit 1
-  fi
-fi
+quota_setup
 
 start() {
   local src
@@ -82,7 +71,7 @@ routes:
   - { from: [hooks], to: [out] }
 EOF
   start_sluice_on $PORT
-  if [ -n "$CG" ]; then echo "$spid" > "$CG/cgroup.procs"; fi
+  confine "$spid"
 }
 
 declare -A RPS SCPU LCPU NON2XX P99

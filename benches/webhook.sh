@@ -50,19 +50,7 @@ EOF
 # period), so the server is the bottleneck even when one wrk thread cannot saturate a whole
 # core's worth of server: the ratio is then taken between servers on the same half core.
 QUOTA=${QUOTA:-}
-CG=""
-if [ -n "$QUOTA" ]; then
-  if [ -d /sys/fs/cgroup/cpu ] && mkdir -p /sys/fs/cgroup/cpu/sluicebench 2>/dev/null; then
-    CG=/sys/fs/cgroup/cpu/sluicebench
-    echo 10000 > $CG/cpu.cfs_period_us; echo $((QUOTA * 100)) > $CG/cpu.cfs_quota_us
-  elif [ -f /sys/fs/cgroup/cgroup.controllers ] && mkdir -p /sys/fs/cgroup/sluicebench 2>/dev/null; then
-    CG=/sys/fs/cgroup/sluicebench
-    echo "$((QUOTA * 100)) 10000" > $CG/cpu.max
-  else
-    echo "QUOTA needs a writable cgroup cpu controller" >&2; exit 1
-  fi
-fi
-confine() { if [ -n "$CG" ]; then echo "$1" > "$CG/cgroup.procs"; fi; }
+quota_setup
 
 # start NAME → starts a server on $PORT, sets $pid
 start() {
