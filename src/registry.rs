@@ -260,6 +260,26 @@ pub fn kinds() -> Vec<Kind> {
             "kafka",
             "Kafka produce (idempotent, acks=all, delivery report = delivered), CloudEvents Kafka binding, topic and key templates",
         ),
+        #[cfg(feature = "redis")]
+        source::<sluice_redis::StreamsSourceConfig>(
+            "redis-streams",
+            "Redis Streams consumer group: XACK after delivery, failed entries retried with backoff, dead consumers' entries taken over (XAUTOCLAIM)",
+        ),
+        #[cfg(feature = "redis")]
+        sink::<sluice_redis::StreamsSinkConfig>(
+            "redis-streams",
+            "Redis Streams XADD (optional MAXLEN ~), delivered = the entry id returned, CloudEvents as ce_* fields",
+        ),
+        #[cfg(feature = "redis")]
+        source::<sluice_redis::PubSubSourceConfig>(
+            "redis",
+            "Redis Pub/Sub channels and patterns (at-most-once; drops under backpressure counted)",
+        ),
+        #[cfg(feature = "redis")]
+        sink::<sluice_redis::PubSubSinkConfig>(
+            "redis",
+            "Redis PUBLISH of structured CloudEvents (optionally only counted delivered when a subscriber got it)",
+        ),
         #[cfg(feature = "http")]
         sink::<sluice_http::HttpSinkConfig>(
             "http",

@@ -137,3 +137,103 @@ impl Relay {
         *self.target.lock().unwrap() = port;
     }
 }
+
+/// A broker process a test started (redis-server, mosquitto) on a free port; killed on drop.
+pub struct ServerProcess {
+    pub child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ServerProcess {
+    /// Kills it (SIGKILL: no shutdown work, as in a crash).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `program` with `args(port)` on a port that was free a moment ago, and waits (30 s at
+/// most) until it accepts connections; a port taken in between is retried on another one. Fails
+/// loudly, with the log, when the program is missing or exits.
+pub fn spawn_server(program: &str, dir: &Path, args: impl Fn(u16) -> Vec<String>) -> ServerProcess {
+    spawn_server_on(program, dir, None, args)
+}
+
+/// [`spawn_server`] on a given port (a restart at the same address), or a free one.
+pub fn spawn_server_on(
+    program: &str,
+    dir: &Path,
+    port: Option<u16>,
+    args: impl Fn(u16) -> Vec<String>,
+) -> ServerProcess {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    for _ in 0..5 {
+        let port = port.unwrap_or_else(super::free_port);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = dir.join(format!("{program}-{n}.log"));
+        let mut child = Command::new(program)
+            .args(args(port))
+            .current_dir(dir)
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::from(
+                std::fs::File::options().append(true).open(&log).unwrap(),
+            ))
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("{program} does not start ({e}): run scripts/test.sh, which installs it")
+            });
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let tail = log_tail(&log);
+                if tail.contains("in use") {
+                    break; // the port was taken meanwhile: another one
+                }
+                panic!("{program} exited with {status} before listening; its log:\n{tail}");
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return ServerProcess { child, port, log };
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "{program} did not listen on {port} within 30s; its log:\n{}",
+                    log_tail(&log)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    panic!("{program}: no free port after 5 tries");
+}
+
+/// A redis-server on a free port, appending every write to `dir` (so a restart keeps streams
+/// and groups).
+pub fn spawn_redis(dir: &Path, port: Option<u16>) -> ServerProcess {
+    spawn_server_on("redis-server", dir, port, |p| {
+        [
+            "--port",
+            &p.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--dir",
+            ".",
+        ]
+        .map(String::from)
+        .to_vec()
+    })
+}

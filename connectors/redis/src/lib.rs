@@ -1,0 +1,144 @@
+//! Redis connectors.
+//!
+//! - `kind: redis-streams` source: a consumer group (`XREADGROUP`, the count bounded by the
+//!   in-flight window), `XACK` only after delivery, failed entries re-claimed after a backoff,
+//!   pending entries of dead consumers taken over with `XAUTOCLAIM` after `claim_idle`, this
+//!   consumer's own pending entries replayed on start and after every reconnect.
+//! - `kind: redis-streams` sink: `XADD` (optionally `MAXLEN ~`), delivered = the entry id Redis
+//!   returned.
+//! - `kind: redis` source: Pub/Sub channels and patterns. At-most-once by nature (Redis keeps
+//!   nothing for a subscriber); messages dropped under backpressure are counted.
+//! - `kind: redis` sink: `PUBLISH`.
+//!
+//! Stream entries carry CloudEvents with the Kafka binding's field names (`ce_id`, `ce_type`,
+//! ..., `content-type`) and the data in field `data`; see `entry`.
+
+mod entry;
+mod pubsub;
+mod streams;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use pubsub::{PubSubSinkConfig, PubSubSourceConfig};
+pub use streams::{Start, StreamsSinkConfig, StreamsSourceConfig};
+
+pub(crate) fn default_url() -> String {
+    "redis://127.0.0.1:6379".into()
+}
+
+/// `format:` of a Redis source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Format {
+    /// CloudEvents carried in the message are taken as they are, other messages are wrapped
+    /// (default).
+    #[default]
+    Cloudevents,
+    /// Argo Events' payload shape for the kind (`redis`: `{channel, pattern, body, metadata}`;
+    /// `redisStream`: `{stream, message_id, values, metadata}`).
+    Argo,
+}
+
+/// `tls:` — trust and client certificate for `rediss://` URLs.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM CA bundle to trust instead of the system's roots.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key (mTLS), PEM.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+/// Checks a Redis URL without connecting.
+pub(crate) fn check_url(url: &str, tls: Option<&TlsConfig>) -> Result<(), String> {
+    use redis::IntoConnectionInfo;
+    let info = url.into_connection_info().map_err(|e| {
+        format!("url {:?} is not a Redis URL ({e}); write redis://[user:password@]host:port[/db] or rediss://... for TLS", redact(url))
+    })?;
+    if let Some(t) = tls {
+        if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+            return Err(
+                "tls is set but the url is not rediss://: use rediss:// to connect with TLS".into(),
+            );
+        }
+        if t.cert.is_some() != t.key.is_some() {
+            return Err("tls.cert and tls.key go together (client certificate and its key)".into());
+        }
+    }
+    Ok(())
+}
+
+/// The URL without its password, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// A client for `url`, with the certificates of `tls` read from disk.
+pub(crate) fn client(url: &str, tls: Option<&TlsConfig>) -> Result<redis::Client, String> {
+    let Some(t) = tls else {
+        return redis::Client::open(url).map_err(|e| format!("url {}: {e}", redact(url)));
+    };
+    let read = |p: &PathBuf, what: &str| {
+        std::fs::read(p).map_err(|e| format!("tls.{what} {}: {e}", p.display()))
+    };
+    let root_cert = t.ca.as_ref().map(|p| read(p, "ca")).transpose()?;
+    let client_tls = match (&t.cert, &t.key) {
+        (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
+            client_cert: read(c, "cert")?,
+            client_key: read(k, "key")?,
+        }),
+        _ => None,
+    };
+    redis::Client::build_with_tls(
+        url,
+        redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+    .map_err(|e| format!("url {}: {e}", redact(url)))
+}
+
+/// A multiplexed connection whose commands time out after `response` (`None`: never, for
+/// blocking reads that carry their own bound).
+pub(crate) async fn connect(
+    client: &redis::Client,
+    response: Option<Duration>,
+) -> Result<redis::aio::MultiplexedConnection, redis::RedisError> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(response);
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
+
+/// Reconnect delays: 100 ms doubling, at most 5 s.
+pub(crate) fn reconnect_delay(attempt: u32) -> Duration {
+    let ms = 100u64.saturating_mul(1 << attempt.min(6));
+    Duration::from_millis(ms.min(5_000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_and_passwords_redacted() {
+        assert!(check_url("redis://127.0.0.1:6379/0", None).is_ok());
+        assert!(check_url("rediss://h:6380", Some(&TlsConfig::default())).is_ok());
+        let e = check_url("http://h", None).unwrap_err();
+        assert!(e.contains("not a Redis URL"), "{e}");
+        let e = check_url("redis://h", Some(&TlsConfig::default())).unwrap_err();
+        assert!(e.contains("rediss://"), "{e}");
+        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+}

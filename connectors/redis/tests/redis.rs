@@ -1,0 +1,485 @@
+//! The Redis connectors against real redis-server processes: the shared one on 127.0.0.1:6379
+//! (each test uses its own keys) and servers started here for outage tests.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use serde_json::json;
+use sluice_core::testkit::peers::spawn_redis;
+use sluice_core::testkit::{
+    assert_sink_telemetry, assert_source_telemetry, metric, SinkRig, SourceRig,
+};
+use sluice_core::{Event, SinkConfig, SourceConfig, Status};
+use sluice_redis::{PubSubSinkConfig, PubSubSourceConfig, StreamsSinkConfig, StreamsSourceConfig};
+
+const SHARED: &str = "redis://127.0.0.1:6379";
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::now_v7().simple())
+}
+
+async fn conn(url: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(url).unwrap();
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| {
+            panic!("Redis at {url} is not reachable ({e}): scripts/test.sh starts it")
+        })
+}
+
+async fn start_source<C: SourceConfig>(
+    name: &str,
+    cfg: serde_json::Value,
+) -> (
+    SourceRig,
+    tokio::task::JoinHandle<Result<(), sluice_core::ConnectorError>>,
+) {
+    let cfg: C = serde_json::from_value(cfg).unwrap();
+    cfg.validate(name).unwrap();
+    let mut rig = SourceRig::new(name);
+    let running = Box::new(cfg)
+        .build(rig.context(name))
+        .await
+        .expect("builds");
+    (rig, tokio::spawn(running))
+}
+
+async fn start_sink<C: SinkConfig>(name: &str, cfg: serde_json::Value) -> SinkRig {
+    let cfg: C = serde_json::from_value(cfg).unwrap();
+    cfg.validate(name).unwrap();
+    let mut rig = SinkRig::new(name);
+    let running = Box::new(cfg)
+        .build(rig.context(name))
+        .await
+        .expect("builds");
+    tokio::spawn(running);
+    rig
+}
+
+async fn pending(c: &mut redis::aio::MultiplexedConnection, stream: &str, group: &str) -> i64 {
+    let v: redis::Value = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(group)
+        .query_async(c)
+        .await
+        .unwrap();
+    match v {
+        redis::Value::Array(a) => match a.first() {
+            Some(redis::Value::Int(n)) => *n,
+            other => panic!("XPENDING: {other:?}"),
+        },
+        other => panic!("XPENDING: {other:?}"),
+    }
+}
+
+async fn wait_pending(
+    c: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    group: &str,
+    want: i64,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = pending(c, stream, group).await;
+        if n == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} entries pending, expected {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn xadd(
+    c: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    fields: &[(&str, &str)],
+) -> String {
+    c.xadd(stream, "*", fields).await.unwrap()
+}
+
+#[tokio::test]
+async fn streams_acknowledge_only_after_delivery_and_retry_failures() {
+    let mut c = conn(SHARED).await;
+    let stream = unique("orders");
+    let (mut rig, _task) = start_source::<StreamsSourceConfig>(
+        "rs-ack",
+        json!({"url": SHARED, "streams": [stream], "group": "g", "consumer": "c1", "claim_idle": "5s"}),
+    )
+    .await;
+    let mut capture = rig.capture();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(xadd(&mut c, &stream, &[("order", &i.to_string())]).await);
+    }
+    // The first fails, the others are delivered: only the first stays pending.
+    let first = capture.next_within(Duration::from_secs(10)).await;
+    assert_eq!(first.event.id, format!("{stream}-{}", ids[0]));
+    assert_eq!(first.event.subject.as_deref(), Some(stream.as_str()));
+    assert_eq!(first.event.ty, "redis.stream");
+    let data: serde_json::Value =
+        serde_json::from_slice(first.event.data.as_bytes().unwrap()).unwrap();
+    assert_eq!(data, json!({"order": "0"}));
+    assert_eq!(
+        pending(&mut c, &stream, "g").await,
+        3,
+        "nothing acknowledged before delivery"
+    );
+    first.delivery.failed("downstream is down");
+    for _ in 0..2 {
+        capture.deliver_next().await;
+    }
+    wait_pending(&mut c, &stream, "g", 1).await;
+    // After the backoff the failed entry comes again (claimed back: a new delivery count).
+    let again = capture.next_within(Duration::from_secs(10)).await;
+    assert_eq!(
+        again.event.id,
+        format!("{stream}-{}", ids[0]),
+        "same id: dedup-stable"
+    );
+    again.delivery.delivered();
+    wait_pending(&mut c, &stream, "g", 0).await;
+    assert!(
+        capture.try_next().is_none(),
+        "nothing is delivered twice after success"
+    );
+    assert_source_telemetry("rs-ack", 4);
+    assert_eq!(
+        metric(
+            "sluice_source_settled_total",
+            &[("source", "rs-ack"), ("result", "retry")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            "sluice_source_settled_total",
+            &[("source", "rs-ack"), ("result", "ack")]
+        ),
+        3.0
+    );
+}
+
+#[tokio::test]
+async fn a_killed_consumers_pending_entries_are_replayed_by_it_or_claimed_by_another() {
+    let mut c = conn(SHARED).await;
+    let stream = unique("jobs");
+    let cfg = |consumer: &str| json!({"url": SHARED, "streams": [stream], "group": "g", "consumer": consumer, "claim_idle": "1s"});
+    for i in 0..4 {
+        xadd(&mut c, &stream, &[("job", &i.to_string())]).await;
+    }
+    // A reads all four and dies (its task aborted: no acknowledgement, no clean-up).
+    let (mut rig_a, task_a) = start_source::<StreamsSourceConfig>("rs-kill-a", cfg("a")).await;
+    let mut cap_a = rig_a.capture();
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(cap_a.next_within(Duration::from_secs(10)).await);
+    }
+    task_a.abort();
+    let _ = task_a.await;
+    drop(held);
+    wait_pending(&mut c, &stream, "g", 4).await;
+
+    // Restarted under the same consumer name, it replays its own pending entries at once.
+    let (mut rig_a2, task_a2) = start_source::<StreamsSourceConfig>("rs-kill-a2", cfg("a")).await;
+    let mut cap_a2 = rig_a2.capture();
+    let first = cap_a2.next_within(Duration::from_secs(5)).await;
+    assert!(first.event.id.starts_with(&stream));
+    first.delivery.delivered();
+    wait_pending(&mut c, &stream, "g", 3).await;
+    // ... and dies again with three in flight.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(cap_a2.next_within(Duration::from_secs(5)).await);
+    }
+    task_a2.abort();
+    let _ = task_a2.await;
+    drop(held);
+
+    // Another replica (consumer b) takes them over once they are idle for claim_idle.
+    let (mut rig_b, _task_b) = start_source::<StreamsSourceConfig>("rs-kill-b", cfg("b")).await;
+    let got = rig_b.capture().auto(Status::Delivered);
+    let events = got.wait_for(3).await;
+    let jobs: BTreeSet<String> = events
+        .iter()
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_slice(e.data.as_bytes().unwrap()).unwrap();
+            v["job"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(jobs.len(), 3);
+    wait_pending(&mut c, &stream, "g", 0).await;
+    assert!(
+        metric(
+            "sluice_source_redeliveries_total",
+            &[("source", "rs-kill-b")]
+        ) >= 3.0
+    );
+}
+
+#[tokio::test]
+async fn streams_survive_a_connection_drop_and_a_server_restart_without_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = spawn_redis(dir.path(), None);
+    let port = server.port;
+    let url = format!("redis://127.0.0.1:{port}");
+    let stream = "events";
+    let (mut rig, _task) = start_source::<StreamsSourceConfig>(
+        "rs-outage",
+        json!({"url": url, "streams": [stream], "group": "g", "consumer": "c", "claim_idle": "30s"}),
+    )
+    .await;
+    let got = rig.capture().auto(Status::Delivered);
+    let mut c = conn(&url).await;
+    let mut added = BTreeSet::new();
+    for i in 0..100 {
+        added.insert(xadd(&mut c, stream, &[("n", &i.to_string())]).await);
+    }
+    got.wait_for(100).await;
+    // Every client connection dropped by the server.
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    for i in 100..200 {
+        added.insert(xadd(&mut c, stream, &[("n", &i.to_string())]).await);
+    }
+    got.wait_for(200).await;
+    // The server is killed and started again on the same port (its append-only file keeps the
+    // stream and the group); entries added meanwhile arrive once it is back.
+    server.kill();
+    server = spawn_redis(dir.path(), Some(port));
+    let mut c = conn(&url).await;
+    for i in 200..300 {
+        added.insert(xadd(&mut c, stream, &[("n", &i.to_string())]).await);
+    }
+    let events = got.wait_for(300).await;
+    let seen: BTreeSet<String> = events
+        .iter()
+        .map(|e| e.id.strip_prefix("events-").unwrap().to_owned())
+        .collect();
+    assert_eq!(seen, added, "every entry delivered");
+    wait_pending(&mut c, stream, "g", 0).await;
+    drop(server);
+}
+
+#[tokio::test]
+async fn cloudevents_roundtrip_through_the_streams_sink_and_source() {
+    let mut c = conn(SHARED).await;
+    let stream = unique("ce");
+    let rig = start_sink::<StreamsSinkConfig>(
+        "rs-sink",
+        json!({"url": SHARED, "stream": format!("{stream}.{{type}}"), "maxlen": "~1000"}),
+    )
+    .await;
+    let mut e = Event::new("evt-1", "/orders", "created")
+        .with_subject("o/1")
+        .with_json(&b"{\"total\":3}"[..]);
+    e.set_extension(
+        "traceparent",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    );
+    let out = rig.send(vec![e.clone()]).await;
+    assert_eq!(out.status, Status::Delivered, "{:?}", out.reason);
+    let key = format!("{stream}.created");
+    let entries: redis::streams::StreamRangeReply = c.xrange_all(&key).await.unwrap();
+    assert_eq!(entries.ids.len(), 1);
+    let fields = &entries.ids[0].map;
+    let s = |k: &str| redis::from_redis_value::<String>(fields[k].clone()).unwrap();
+    assert_eq!(s("ce_id"), "evt-1");
+    assert_eq!(s("ce_type"), "created");
+    assert_eq!(s("content-type"), "application/json");
+    assert_eq!(s("data"), "{\"total\":3}");
+    assert_sink_telemetry("rs-sink", 1, 0);
+
+    // Read back by the source: the same event, not re-wrapped.
+    let (mut src, _task) = start_source::<StreamsSourceConfig>(
+        "rs-ce-src",
+        json!({"url": SHARED, "streams": [key], "group": "g"}),
+    )
+    .await;
+    let back = src.capture().deliver_next().await;
+    assert_eq!(back, e);
+}
+
+#[tokio::test]
+async fn the_streams_sink_fails_what_redis_did_not_take() {
+    let mut c = conn(SHARED).await;
+    let key = unique("not-a-stream");
+    let _: () = c.set(&key, "a string").await.unwrap();
+    let rig =
+        start_sink::<StreamsSinkConfig>("rs-sink-fail", json!({"url": SHARED, "stream": key}))
+            .await;
+    let out = rig.send(vec![Event::new("1", "/s", "t")]).await;
+    assert_eq!(out.status, Status::Failed);
+    assert!(
+        out.reason.as_deref().unwrap_or("").contains("WRONGTYPE"),
+        "{:?}",
+        out.reason
+    );
+
+    // A server that went away: failed within the timeout, not delivered.
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = spawn_redis(dir.path(), None);
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let rig =
+        start_sink::<StreamsSinkConfig>("rs-sink-down", json!({"url": url, "timeout": "1s"})).await;
+    assert!(rig
+        .send(vec![Event::new("1", "/s", "t")])
+        .await
+        .is_delivered());
+    server.kill();
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        rig.send(vec![Event::new("2", "/s", "t")]),
+    )
+    .await
+    .expect("answered within the timeout");
+    assert_eq!(out.status, Status::Failed);
+}
+
+#[tokio::test]
+async fn argo_stream_shape() {
+    let mut c = conn(SHARED).await;
+    let stream = unique("argo");
+    let (mut rig, _task) = start_source::<StreamsSourceConfig>(
+        "rs-argo",
+        json!({"url": SHARED, "streams": [stream], "format": "argo", "metadata": {"team": "a"}}),
+    )
+    .await;
+    let id = xadd(&mut c, &stream, &[("k", "v")]).await;
+    let e = rig.capture().deliver_next().await;
+    assert_eq!(
+        (e.ty.as_str(), e.subject.as_deref()),
+        ("redisStream", Some("rs-argo"))
+    );
+    let data: serde_json::Value = serde_json::from_slice(e.data.as_bytes().unwrap()).unwrap();
+    assert_eq!(
+        data,
+        json!({"stream": stream, "message_id": id, "values": {"k": "v"}, "metadata": {"team": "a"}})
+    );
+}
+
+#[tokio::test]
+async fn pubsub_source_channels_patterns_and_structured_events() {
+    let mut c = conn(SHARED).await;
+    let ch = unique("alerts");
+    let (mut rig, _task) = start_source::<PubSubSourceConfig>(
+        "rp-src",
+        json!({"url": SHARED, "channels": [ch], "patterns": [format!("{ch}.*")]}),
+    )
+    .await;
+    let mut cap = rig.capture();
+    let _: i64 = c.publish(&ch, "{\"level\":\"high\"}").await.unwrap();
+    let e = cap.deliver_next().await;
+    assert_eq!(
+        (e.ty.as_str(), e.subject.as_deref()),
+        ("redis", Some(ch.as_str()))
+    );
+    assert_eq!(e.datacontenttype.as_deref(), Some("application/json"));
+    assert_eq!(e.data.as_bytes().unwrap().as_ref(), b"{\"level\":\"high\"}");
+    let _: i64 = c.publish(format!("{ch}.disk"), "plain text").await.unwrap();
+    let e = cap.deliver_next().await;
+    assert_eq!(e.subject.as_deref(), Some(format!("{ch}.disk").as_str()));
+    assert_eq!(
+        e.datacontenttype.as_deref(),
+        Some("text/plain; charset=utf-8")
+    );
+    // A structured CloudEvent is taken as it is (not re-wrapped).
+    let ce = Event::new("ce-9", "/upstream", "com.example.alert").with_json(&b"[1]"[..]);
+    let _: i64 = c
+        .publish(&ch, sluice_core::format::encode_event(&ce))
+        .await
+        .unwrap();
+    assert_eq!(cap.deliver_next().await, ce);
+    assert_source_telemetry("rp-src", 3);
+}
+
+#[tokio::test]
+async fn pubsub_argo_shape() {
+    let mut c = conn(SHARED).await;
+    let ch = unique("argo-ch");
+    let (mut rig, _task) = start_source::<PubSubSourceConfig>(
+        "rp-argo",
+        json!({"url": SHARED, "channels": [ch], "format": "argo", "json_body": true}),
+    )
+    .await;
+    let _: i64 = c.publish(&ch, "{\"a\":1}").await.unwrap();
+    let e = rig.capture().deliver_next().await;
+    let data: serde_json::Value = serde_json::from_slice(e.data.as_bytes().unwrap()).unwrap();
+    assert_eq!(
+        data,
+        json!({"channel": ch, "pattern": "", "body": {"a": 1}, "metadata": {}})
+    );
+}
+
+#[tokio::test]
+async fn pubsub_sink_publishes_and_can_require_a_subscriber() {
+    let ch = unique("out");
+    let client = redis::Client::open(SHARED).unwrap();
+    let mut ps = client.get_async_pubsub().await.unwrap();
+    ps.subscribe(&ch).await.unwrap();
+    let rig = start_sink::<PubSubSinkConfig>(
+        "rp-sink",
+        json!({"url": SHARED, "channel": ch, "require_subscriber": true}),
+    )
+    .await;
+    let e = Event::new("p-1", "/s", "t").with_json(&b"{}"[..]);
+    assert!(rig.send(vec![e.clone()]).await.is_delivered());
+    let msg = tokio::time::timeout(
+        Duration::from_secs(5),
+        futures_util::StreamExt::next(&mut ps.on_message()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let got =
+        sluice_core::format::decode_event(&bytes::Bytes::copy_from_slice(msg.get_payload_bytes()))
+            .unwrap();
+    assert_eq!(got, e);
+    drop(ps);
+    let rig2 = start_sink::<PubSubSinkConfig>(
+        "rp-sink-none",
+        json!({"url": SHARED, "channel": unique("nobody"), "require_subscriber": true}),
+    )
+    .await;
+    let out = rig2.send(vec![e]).await;
+    assert_eq!(out.status, Status::Failed);
+    assert!(out.reason.unwrap().contains("no subscriber"));
+}
+
+#[test]
+fn bad_config_is_refused_with_a_reason() {
+    let cases = [
+        (json!({"streams": []}), "streams is empty"),
+        (
+            json!({"url": "http://x", "streams": ["a"]}),
+            "not a Redis URL",
+        ),
+        (json!({"streams": ["a", "a"]}), "listed twice"),
+        (
+            json!({"streams": ["a"], "claim_idle": "10ms"}),
+            "claim_idle",
+        ),
+    ];
+    for (cfg, want) in cases {
+        let c: StreamsSourceConfig = serde_json::from_value(cfg).unwrap();
+        let e = c.validate("s").unwrap_err();
+        assert!(e.contains(want), "{e}");
+    }
+    let c: PubSubSourceConfig = serde_json::from_value(json!({})).unwrap();
+    assert!(c
+        .validate("s")
+        .unwrap_err()
+        .contains("channels and patterns are both empty"));
+    let c: StreamsSinkConfig = serde_json::from_value(json!({"maxlen": "~many"})).unwrap();
+    assert!(c.validate("s").unwrap_err().contains("maxlen"));
+    let e = serde_json::from_value::<StreamsSourceConfig>(json!({"streams": ["a"], "claim": "1s"}))
+        .unwrap_err();
+    assert!(e.to_string().contains("unknown field"), "{e}");
+}
