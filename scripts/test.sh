@@ -56,6 +56,45 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
+log "brokers"
+# The broker tests talk to Redis (6379), RabbitMQ (5672) and Mosquitto (1883) on loopback, as this
+# machine kind runs them; on a machine without them they are installed and started here. Outage
+# tests start their own servers on free ports.
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_port() {
+  for _ in $(seq 1 150); do port_open "$1" && return 0; sleep 0.2; done
+  die "$2 did not listen on 127.0.0.1:$1 within 30s${3:+ (log: $3)}"
+}
+svc=target/services
+mkdir -p "$svc"
+if ! command -v redis-server >/dev/null 2>&1; then apt_install redis-server; fi
+if ! port_open 6379; then
+  echo "starting redis-server on 127.0.0.1:6379"
+  redis-server --port 6379 --bind 127.0.0.1 --save '' --appendonly no --daemonize yes \
+    --logfile "$PWD/$svc/redis.log"
+  wait_port 6379 redis-server "$svc/redis.log"
+fi
+if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then apt_install mosquitto; fi
+if ! port_open 1883; then
+  echo "starting mosquitto on 127.0.0.1:1883"
+  printf 'listener 1883 127.0.0.1\nallow_anonymous true\npersistence false\n' > "$svc/mosquitto.conf"
+  "$(command -v mosquitto || echo /usr/sbin/mosquitto)" -c "$PWD/$svc/mosquitto.conf" -d
+  wait_port 1883 mosquitto
+fi
+if [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then apt_install rabbitmq-server; fi
+if ! port_open 5672; then
+  echo "starting rabbitmq-server on 127.0.0.1:5672"
+  # The real binary, not the /usr/sbin wrapper (which switches to the rabbitmq user).
+  rmq="$PWD/$svc/rabbitmq"
+  mkdir -p "$rmq"
+  : > "$rmq/enabled_plugins"
+  HOME="$rmq" RABBITMQ_MNESIA_BASE="$rmq/mnesia" RABBITMQ_LOG_BASE="$rmq/log" \
+    RABBITMQ_NODENAME=rabbit@localhost RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=5672 \
+    RABBITMQ_ENABLED_PLUGINS_FILE="$rmq/enabled_plugins" \
+    setsid /usr/lib/rabbitmq/bin/rabbitmq-server > "$rmq/stdout.log" 2>&1 < /dev/null &
+  wait_port 5672 rabbitmq-server "$rmq/stdout.log"
+fi
+
 log "test peers"
 # The official Python CloudEvents SDK and the providers' webhook libraries, for the interop
 # tests (clients and signers we did not write).

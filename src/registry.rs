@@ -260,6 +260,16 @@ pub fn kinds() -> Vec<Kind> {
             "kafka",
             "Kafka produce (idempotent, acks=all, delivery report = delivered), CloudEvents Kafka binding, topic and key templates",
         ),
+        #[cfg(feature = "amqp")]
+        source::<sluice_amqp::AmqpSourceConfig>(
+            "amqp",
+            "AMQP 0-9-1 (RabbitMQ) consumer: ack after delivery (coalesced), nack with requeue after a delay, reject to the dead-letter exchange, CloudEvents AMQP binding",
+        ),
+        #[cfg(feature = "amqp")]
+        sink::<sluice_amqp::AmqpSinkConfig>(
+            "amqp",
+            "AMQP 0-9-1 (RabbitMQ) publish with publisher confirms (broker ack = delivered), mandatory returns as failures, CloudEvents AMQP binding",
+        ),
         #[cfg(feature = "redis")]
         source::<sluice_redis::StreamsSourceConfig>(
             "redis-streams",

@@ -100,6 +100,7 @@ pub fn spawn_nats(store: &Path) -> NatsProcess {
 pub struct Relay {
     pub port: u16,
     target: std::sync::Arc<std::sync::Mutex<Option<u16>>>,
+    live: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
 }
 
 impl Relay {
@@ -109,6 +110,8 @@ impl Relay {
         let port = listener.local_addr().unwrap().port();
         let target = std::sync::Arc::new(std::sync::Mutex::new(None::<u16>));
         let t = target.clone();
+        let live = std::sync::Arc::new(std::sync::Mutex::new(Vec::<std::net::TcpStream>::new()));
+        let l = live.clone();
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { continue };
@@ -118,6 +121,9 @@ impl Relay {
                 let Ok(upstream) = std::net::TcpStream::connect(("127.0.0.1", to)) else {
                     continue;
                 };
+                if let Ok(c) = client.try_clone() {
+                    l.lock().unwrap().push(c);
+                }
                 for (mut from, mut into) in [
                     (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
                     (upstream, client),
@@ -130,7 +136,15 @@ impl Relay {
                 }
             }
         });
-        Relay { port, target }
+        Relay { port, target, live }
+    }
+
+    /// Drops every connection relayed so far (both ends see the connection reset, as when a
+    /// broker closes it); new connections are relayed as before.
+    pub fn cut(&self) {
+        for c in self.live.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     pub fn point_at(&self, port: Option<u16>) {
