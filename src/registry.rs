@@ -270,6 +270,16 @@ pub fn kinds() -> Vec<Kind> {
             "amqp",
             "AMQP 0-9-1 (RabbitMQ) publish with publisher confirms (broker ack = delivered), mandatory returns as failures, CloudEvents AMQP binding",
         ),
+        #[cfg(feature = "mqtt")]
+        source::<sluice_mqtt::MqttSourceConfig>(
+            "mqtt",
+            "MQTT 3.1.1 subscriptions: QoS 1/2 acknowledged after delivery in arrival order, persistent sessions, structured CloudEvents",
+        ),
+        #[cfg(feature = "mqtt")]
+        sink::<sluice_mqtt::MqttSinkConfig>(
+            "mqtt",
+            "MQTT 3.1.1 publish: QoS 1 delivered on PUBACK, QoS 2 on PUBCOMP, structured CloudEvents, topic templates",
+        ),
         #[cfg(feature = "redis")]
         source::<sluice_redis::StreamsSourceConfig>(
             "redis-streams",

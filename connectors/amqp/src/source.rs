@@ -149,6 +149,9 @@ struct Session {
     channel: Channel,
     consumer: Consumer,
     marks: Watermark,
+    /// Tags settled by nack or reject: already gone from the broker, so a coalesced
+    /// `basic.ack` must not name one (the broker closes the channel on an unknown tag).
+    not_acked: std::collections::HashSet<u64>,
     generation: u64,
 }
 
@@ -204,6 +207,7 @@ impl AmqpSource {
             channel,
             consumer,
             marks: Watermark::new(self.cfg.prefetch as usize + 1),
+            not_acked: std::collections::HashSet::new(),
             generation: 0,
         })
     }
@@ -378,6 +382,7 @@ impl AmqpSource {
                             generation += 1;
                             s.generation = generation;
                             tracing::info!(source = %self.name, queue = %self.cfg.queue, "amqp: reconnected");
+                            self.telemetry.reconnects.increment(1);
                             session = Some(s);
                         }
                         Err(e) => {
@@ -482,7 +487,13 @@ impl AmqpSource {
     async fn ack_prefix(&self, session: &mut Option<Session>) {
         let Some(s) = session.as_mut() else { return };
         let mut last = None;
-        s.marks.advance(|t| last = Some(t));
+        let not_acked = &mut s.not_acked;
+        s.marks.advance(|t| {
+            // `multiple` up to the last delivered tag covers every delivered one below it.
+            if !not_acked.remove(&t) {
+                last = Some(t);
+            }
+        });
         if let Some(tag) = last {
             if let Err(e) = s
                 .channel
@@ -516,6 +527,7 @@ impl AmqpSource {
                 tracing::warn!(source = %self.name, error = %e, "amqp: basic.nack failed; the broker redelivers the message when the channel closes")
             }
         }
+        s.not_acked.insert(h.tag);
         s.marks.delivered(h.tag);
     }
 
@@ -531,6 +543,7 @@ impl AmqpSource {
             Ok(()) => self.telemetry.settled(Settled::Reject, 1),
             Err(e) => tracing::warn!(source = %self.name, error = %e, "amqp: basic.reject failed"),
         }
+        s.not_acked.insert(h.tag);
         s.marks.delivered(h.tag);
     }
 }

@@ -217,6 +217,54 @@ async fn acknowledged_after_delivery_retried_after_a_delay_and_rejected_to_the_d
         ),
         1.0
     );
+    assert_eq!(
+        metric("sluice_source_reconnects_total", &[("source", "amqp-ack")]),
+        0.0,
+        "the channel stayed open"
+    );
+}
+
+#[tokio::test]
+async fn a_nack_or_reject_at_the_front_is_never_named_by_a_coalesced_ack() {
+    // A nacked or rejected tag is gone from the broker; `basic.ack(multiple)` naming it would
+    // make the broker close the channel (406 unknown delivery tag).
+    let (_conn, ch) = channel().await;
+    let queue = unique("front");
+    let (mut rig, _task) = start_source(
+        "amqp-front",
+        json!({"url": URL, "queue": queue, "retry_delay": "50ms", "declare": {"queue": {"durable": false}}}),
+    )
+    .await;
+    let mut cap = rig.capture();
+    publish(&ch, "", &queue, b"1", with_id("f-1")).await;
+    cap.next_within(Duration::from_secs(10))
+        .await
+        .delivery
+        .rejected("no");
+    publish(&ch, "", &queue, b"2", with_id("f-2")).await;
+    cap.next_within(Duration::from_secs(10))
+        .await
+        .delivery
+        .failed("later");
+    let again = cap.next_within(Duration::from_secs(10)).await;
+    assert_eq!(again.event.id, "f-2");
+    again.delivery.delivered();
+    publish(&ch, "", &queue, b"3", with_id("f-3")).await;
+    assert_eq!(cap.deliver_next().await.id, "f-3");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        metric(
+            "sluice_source_reconnects_total",
+            &[("source", "amqp-front")]
+        ),
+        0.0,
+        "the channel stayed open"
+    );
+    assert!(cap.try_next().is_none(), "nothing came twice");
+    assert_eq!(ready(&ch, &queue).await, 0);
+    ch.queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

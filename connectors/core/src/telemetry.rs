@@ -27,6 +27,7 @@ pub const SOURCE_REDELIVERIES: &str = "sluice_source_redeliveries_total";
 pub const SOURCE_LAG: &str = "sluice_source_lag";
 pub const SOURCE_COMMITS: &str = "sluice_source_commits_total";
 pub const SOURCE_LEASE_EXTENSIONS: &str = "sluice_source_lease_extensions_total";
+pub const SOURCE_RECONNECTS: &str = "sluice_source_reconnects_total";
 
 /// Buckets for [`DELIVERY_LATENCY`], in seconds.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -120,7 +121,7 @@ pub enum Settled {
 
 /// The handles every pull source (SQS, Pub/Sub, Kafka, JetStream, AMQP, MQTT, Redis Streams)
 /// keeps besides the standard source counters: messages in flight, settle calls by outcome,
-/// redeliveries seen, lag behind the head, offset commits, lease extensions.
+/// redeliveries seen, lag behind the head, offset commits, lease extensions, reconnects.
 #[derive(Clone)]
 pub struct PullTelemetry {
     pub in_flight: Gauge,
@@ -132,6 +133,8 @@ pub struct PullTelemetry {
     pub lag: Gauge,
     pub commits: Counter,
     pub lease_extensions: Counter,
+    /// Connections to the upstream lost and opened again.
+    pub reconnects: Counter,
 }
 
 impl PullTelemetry {
@@ -145,7 +148,8 @@ impl PullTelemetry {
             redeliveries: counter!(SOURCE_REDELIVERIES, "source" => l.clone()),
             lag: gauge!(SOURCE_LAG, "source" => l.clone()),
             commits: counter!(SOURCE_COMMITS, "source" => l.clone()),
-            lease_extensions: counter!(SOURCE_LEASE_EXTENSIONS, "source" => l),
+            lease_extensions: counter!(SOURCE_LEASE_EXTENSIONS, "source" => l.clone()),
+            reconnects: counter!(SOURCE_RECONNECTS, "source" => l),
         }
     }
 

@@ -427,6 +427,7 @@ impl StreamsSource {
                     match connect(&self.client, None).await {
                         Ok(c) => {
                             tracing::info!(source = %self.name, "redis-streams: reconnected");
+                            self.telemetry.reconnects.increment(1);
                             reader = Some(c);
                         }
                         Err(e) => {

@@ -251,3 +251,51 @@ pub fn spawn_redis(dir: &Path, port: Option<u16>) -> ServerProcess {
         .to_vec()
     })
 }
+
+/// A mosquitto on a free port (or `port`: a restart at the same address), anonymous, with its
+/// persistence file in `dir` (saved on a clean stop, so a restart keeps sessions and queued
+/// messages) and a large in-flight window.
+pub fn spawn_mosquitto(dir: &Path, port: Option<u16>) -> ServerProcess {
+    let program = if Path::new("/usr/sbin/mosquitto").exists() {
+        "/usr/sbin/mosquitto"
+    } else {
+        "mosquitto"
+    };
+    // Started as root, mosquitto drops to its own user: let it write its database here.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777));
+    }
+    let dir_owned = dir.to_path_buf();
+    spawn_server_on(program, dir, port, move |p| {
+        let conf = dir_owned.join(format!("mosquitto-{p}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {p} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nmax_inflight_messages 1000\nmax_queued_messages 100000\n",
+                dir_owned.display()
+            ),
+        )
+        .unwrap();
+        vec!["-c".into(), conf.display().to_string()]
+    })
+}
+
+impl ServerProcess {
+    /// Stops it cleanly (SIGTERM: a broker saves its state) and waits for it to exit.
+    pub fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
+}

@@ -1,0 +1,591 @@
+//! `kind: mqtt` source: subscriptions acknowledged after delivery, in arrival order.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rumqttc::{
+    AsyncClient, Event as MqttEvent, EventLoop, Packet, Publish, QoS, SubscribeFilter,
+    SubscribeReasonCode,
+};
+use serde::Deserialize;
+use sluice_core::event::{Data, Event, EventError, Timestamp};
+use sluice_core::pipeline::SendOptions;
+use sluice_core::pull::{InFlight, Watermark};
+use sluice_core::telemetry::{PullTelemetry, Settled, EVENTS_DROPPED};
+use sluice_core::units::HumanDuration;
+use sluice_core::{
+    argo, format, BoxFuture, ConnectorError, Running, SourceConfig, SourceContext, Status,
+};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::{check_common, options, qos, reconnect_delay, AuthConfig, TlsConfig};
+
+/// `format:` of an MQTT source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Format {
+    /// Structured CloudEvents are taken as they are, other payloads wrapped (default).
+    #[default]
+    Cloudevents,
+    /// Argo Events' MQTT event: type `mqtt`, data `{topic, messageId, body, metadata}`.
+    Argo,
+}
+
+/// `kind: mqtt` source options.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MqttSourceConfig {
+    /// `mqtt://host:1883` or `mqtts://host:8883`. Default `mqtt://127.0.0.1:1883`.
+    #[serde(default = "crate::default_url")]
+    pub url: String,
+    /// Topic filters to subscribe to (`+` and `#` wildcards).
+    pub topics: Vec<String>,
+    /// Subscription QoS: 0 (at most once: nothing to acknowledge), 1 (default) or 2.
+    #[serde(default = "one")]
+    pub qos: u8,
+    /// The client id; with a persistent session it names the session the broker keeps, so keep
+    /// it stable and unique per replica. Default `sluice-<source name>`.
+    pub client_id: Option<String>,
+    /// `false` (default): a persistent session; the broker keeps the subscriptions and the
+    /// QoS 1/2 messages not acknowledged, and sends them after a reconnect or restart.
+    #[serde(default)]
+    pub clean_session: bool,
+    /// Default 30s.
+    #[serde(default = "thirty_seconds")]
+    pub keep_alive: HumanDuration,
+    /// QoS 1/2 messages in flight at once (received, not yet acknowledged). Default 1000. The
+    /// broker's own limit (mosquitto: `max_inflight_messages`, 20 by default) bounds it too.
+    #[serde(default = "default_window")]
+    pub max_in_flight: usize,
+    #[serde(default)]
+    pub format: Format,
+    /// `argo`: the payload is JSON and goes into `data.body` as is (else base64).
+    #[serde(default)]
+    pub json_body: bool,
+    /// `argo`: `data.metadata`.
+    #[serde(default)]
+    pub metadata: std::collections::BTreeMap<String, String>,
+    /// `type` of events made from plain messages. Default `mqtt`.
+    #[serde(rename = "type")]
+    pub event_type: Option<String>,
+    /// `source` of events made from plain messages. Default: the source's name.
+    #[serde(rename = "source")]
+    pub event_source: Option<String>,
+    pub auth: Option<AuthConfig>,
+    pub tls: Option<TlsConfig>,
+}
+
+fn one() -> u8 {
+    1
+}
+fn thirty_seconds() -> HumanDuration {
+    HumanDuration::from_secs(30)
+}
+fn default_window() -> usize {
+    1000
+}
+
+impl MqttSourceConfig {
+    fn client_id(&self, name: &str) -> String {
+        self.client_id
+            .clone()
+            .unwrap_or_else(|| format!("sluice-{name}"))
+    }
+}
+
+fn check_filter(f: &str) -> Result<(), String> {
+    let levels: Vec<&str> = f.split('/').collect();
+    for (i, l) in levels.iter().enumerate() {
+        let bad = (l.contains('#') && (*l != "#" || i != levels.len() - 1))
+            || (l.contains('+') && *l != "+");
+        if bad {
+            return Err(format!(
+                "topic filter {f:?}: `+` must be a whole level and `#` the whole last level"
+            ));
+        }
+    }
+    if f.is_empty() {
+        return Err("a topic filter is empty".into());
+    }
+    Ok(())
+}
+
+impl SourceConfig for MqttSourceConfig {
+    fn validate(&self, name: &str) -> Result<(), String> {
+        check_common(&self.url, &self.client_id(name), self.tls.as_ref())?;
+        qos(self.qos)?;
+        if self.topics.is_empty() {
+            return Err("topics is empty: name at least one topic filter".into());
+        }
+        for t in &self.topics {
+            check_filter(t)?;
+        }
+        if self.max_in_flight == 0 || self.max_in_flight > 65_535 {
+            return Err("max_in_flight must be between 1 and 65535".into());
+        }
+        sluice_core::event::check_source_and_type(
+            self.event_source.as_deref().unwrap_or(name),
+            self.event_type.as_deref().unwrap_or("mqtt"),
+        )
+    }
+
+    fn build(
+        self: Box<Self>,
+        ctx: SourceContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+        Box::pin(async move {
+            let name = ctx.name.clone();
+            let err = |m: String| ConnectorError(format!("mqtt source {name}: {m}"));
+            let client_id = self.client_id(&name);
+            let mut opts = options(
+                &self.url,
+                &client_id,
+                self.keep_alive.get(),
+                self.clean_session,
+                self.auth.as_ref(),
+                self.tls.as_ref(),
+            )
+            .map_err(err)?;
+            opts.set_manual_acks(true);
+            let (client, mut eventloop) = AsyncClient::new(opts, self.max_in_flight * 2 + 64);
+            let filters: Vec<SubscribeFilter> = self
+                .topics
+                .iter()
+                .map(|t| SubscribeFilter::new(t.clone(), qos(self.qos).unwrap_or(QoS::AtLeastOnce)))
+                .collect();
+            // Built means subscribed: connect and wait for the SUBACK (10 s at most).
+            let mut early = Vec::new();
+            let session_present = tokio::time::timeout(
+                Duration::from_secs(10),
+                connect(&client, &mut eventloop, &filters, &mut early),
+            )
+            .await
+            .map_err(|_| {
+                err(format!(
+                    "no answer from {} within 10s; is the broker up?",
+                    self.url
+                ))
+            })?
+            .map_err(err)?;
+            tracing::info!(source = %name, client_id = %client_id, session_present, topics = ?self.topics, "mqtt: subscribed");
+            let source = MqttSource {
+                ty: self.event_type.clone().unwrap_or_else(|| "mqtt".into()),
+                source: self.event_source.clone().unwrap_or_else(|| name.clone()),
+                metadata: serde_json::to_vec(&self.metadata).unwrap_or_else(|_| b"{}".to_vec()),
+                telemetry: PullTelemetry::new(&name),
+                name,
+                cfg: *self,
+            };
+            Ok(Box::pin(source.run(client, eventloop, filters, early, ctx)) as Running)
+        })
+    }
+}
+
+/// Connects and subscribes; returns whether the broker had a session for this client, and the
+/// messages it sent meanwhile (a persistent session's backlog arrives right after CONNACK).
+async fn connect(
+    client: &AsyncClient,
+    eventloop: &mut EventLoop,
+    filters: &[SubscribeFilter],
+    early: &mut Vec<Publish>,
+) -> Result<bool, String> {
+    let mut session_present = None;
+    loop {
+        match eventloop.poll().await {
+            Ok(MqttEvent::Incoming(Packet::Publish(p))) => early.push(p),
+            Ok(MqttEvent::Incoming(Packet::ConnAck(ack))) => {
+                session_present = Some(ack.session_present);
+                client
+                    .subscribe_many(filters.to_vec())
+                    .await
+                    .map_err(|e| format!("subscribe: {e}"))?;
+            }
+            Ok(MqttEvent::Incoming(Packet::SubAck(ack))) => {
+                if let Some((i, _)) = ack
+                    .return_codes
+                    .iter()
+                    .enumerate()
+                    .find(|(_, c)| matches!(c, SubscribeReasonCode::Failure))
+                {
+                    return Err(format!(
+                        "the broker refused the subscription to {:?}; check the ACL for this user",
+                        filters.get(i).map(|f| f.path.as_str()).unwrap_or("?")
+                    ));
+                }
+                return Ok(session_present.unwrap_or(false));
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("cannot connect ({e})")),
+        }
+    }
+}
+
+enum Arrival {
+    Publish(Publish, u64),
+    /// A new connection (generation): acknowledgements of older ones are not sent.
+    Connected(u64),
+}
+
+/// A QoS 1/2 message between arrival and acknowledgement.
+struct Entry {
+    publish: Publish,
+    generation: u64,
+    /// The event, kept so that a retry sends the same id.
+    event: Option<Event>,
+    fresh: bool,
+    attempts: u32,
+}
+
+struct MqttSource {
+    name: String,
+    cfg: MqttSourceConfig,
+    ty: String,
+    source: String,
+    metadata: Vec<u8>,
+    telemetry: PullTelemetry,
+}
+
+impl MqttSource {
+    /// The event of a message, and whether its id was made up just now.
+    fn to_event(&self, p: &Publish) -> Result<(Event, bool), EventError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        if self.cfg.format == Format::Argo {
+            let mut data = Vec::with_capacity(p.payload.len() + 96);
+            data.extend_from_slice(b"{\"topic\":");
+            serde_json::to_writer(&mut data, &p.topic).map_err(|e| EventError(e.to_string()))?;
+            data.extend_from_slice(format!(",\"messageId\":{},\"body\":", p.pkid).as_bytes());
+            data.extend_from_slice(
+                &argo::body(&p.payload, self.cfg.json_body).map_err(EventError)?,
+            );
+            data.extend_from_slice(b",\"metadata\":");
+            data.extend_from_slice(&self.metadata);
+            data.push(b'}');
+            let e = Event::new(id, &*self.source, &*self.ty)
+                .with_subject(&*self.name)
+                .with_time(Timestamp::now())
+                .with_json(data);
+            return Ok((e, true));
+        }
+        if looks_structured(&p.payload) {
+            return format::decode_event(&p.payload).map(|e| (e, false));
+        }
+        let ct = if sluice_core::event::is_json(&p.payload) {
+            "application/json"
+        } else if std::str::from_utf8(&p.payload).is_ok() {
+            "text/plain; charset=utf-8"
+        } else {
+            "application/octet-stream"
+        };
+        let mut e = Event::new(id, &*self.source, &*self.ty)
+            .with_subject(p.topic.as_str())
+            .with_time(Timestamp::now());
+        if !p.payload.is_empty() {
+            e = e.with_data(
+                Some(ct.into()),
+                Data::from_bytes(Bytes::clone(&p.payload), Some(ct)),
+            );
+        }
+        e.validate()?;
+        Ok((e, true))
+    }
+
+    async fn run(
+        self,
+        client: AsyncClient,
+        eventloop: EventLoop,
+        filters: Vec<SubscribeFilter>,
+        early: Vec<Publish>,
+        ctx: SourceContext,
+    ) -> Result<(), ConnectorError> {
+        let (tx, mut rx) = mpsc::channel::<Arrival>((self.cfg.max_in_flight + early.len()).max(16));
+        for p in early {
+            let _ = tx.try_send(Arrival::Publish(p, 0));
+        }
+        let pump = tokio::spawn(pump(
+            eventloop,
+            client.clone(),
+            filters.clone(),
+            tx,
+            self.name.clone(),
+        ));
+        let mut window: InFlight<u64> =
+            InFlight::new(self.cfg.max_in_flight, Duration::from_secs(3600));
+        let mut marks = Watermark::new(self.cfg.max_in_flight + 1);
+        let mut entries: HashMap<u64, Entry> = HashMap::new();
+        let mut retries: Vec<(Instant, u64)> = Vec::new();
+        let mut next_seq = 0u64;
+        let mut generation = 0u64;
+        let mut stopping = false;
+        loop {
+            if ctx.shutdown.is_cancelled() && !stopping {
+                stopping = true;
+                retries.clear(); // unacknowledged: the broker resends them (persistent session)
+                if self.cfg.clean_session {
+                    // Nothing survives this session: stop the flow, then forward what came.
+                    for f in &filters {
+                        let _ = client.try_unsubscribe(f.path.clone());
+                    }
+                }
+            }
+            if stopping && window.is_empty() && (!self.cfg.clean_session || rx.is_empty()) {
+                break;
+            }
+            let taking = window.room() > 0 && (!stopping || self.cfg.clean_session);
+            let retry_due = retries.iter().map(|r| r.0).min();
+            tokio::select! {
+                biased;
+                Some((seq, outcome)) = window.next(), if !window.is_empty() => {
+                    match outcome.status {
+                        Status::Delivered | Status::Rejected => {
+                            if outcome.status == Status::Rejected {
+                                tracing::warn!(source = %self.name, reason = outcome.reason.as_deref().unwrap_or(""), "mqtt: event rejected by a sink; acknowledged");
+                                self.telemetry.settled(Settled::Reject, 1);
+                            } else {
+                                self.telemetry.settled(Settled::Ack, 1);
+                            }
+                            marks.delivered(seq);
+                        }
+                        Status::Failed | Status::InFlight => {
+                            if stopping {
+                                // Not acknowledged: the broker resends it.
+                                entries.remove(&seq);
+                            } else if let Some(e) = entries.get_mut(&seq) {
+                                e.attempts += 1;
+                                marks.failed(seq);
+                                self.telemetry.settled(Settled::Retry, 1);
+                                retries.push((Instant::now() + Watermark::backoff(e.attempts), seq));
+                            }
+                        }
+                    }
+                    self.release(&client, &mut marks, &mut entries, generation).await;
+                    self.telemetry.in_flight.set(window.len() as f64);
+                }
+                _ = tokio::time::sleep_until(retry_due.unwrap_or_else(Instant::now)), if retry_due.is_some() => {
+                    let now = Instant::now();
+                    let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut retries).into_iter().partition(|r| r.0 <= now);
+                    retries = later;
+                    for (_, seq) in due {
+                        let Some(e) = entries.get(&seq) else { continue };
+                        let Some(event) = e.event.clone() else { continue };
+                        self.telemetry.redeliveries.increment(1);
+                        let opts = SendOptions { skip_dedup: e.fresh, ..SendOptions::default() };
+                        if let Ok(p) = ctx.sender.send_with(vec![event], opts).await {
+                            window.push(seq, p);
+                        }
+                    }
+                }
+                a = rx.recv(), if taking => {
+                    match a {
+                        Some(Arrival::Connected(g)) => {
+                            if g > 0 {
+                                tracing::info!(source = %self.name, "mqtt: reconnected (messages not acknowledged before are resent by the broker)");
+                                self.telemetry.reconnects.increment(1);
+                            }
+                            generation = g;
+                        }
+                        Some(Arrival::Publish(p, g)) => {
+                            if p.dup {
+                                self.telemetry.redeliveries.increment(1);
+                            }
+                            self.take(&ctx, p, g, &mut next_seq, &mut marks, &mut entries, &mut window).await;
+                            self.release(&client, &mut marks, &mut entries, generation).await;
+                        }
+                        None => return Err(ConnectorError(format!("mqtt source {}: the connection task ended", self.name))),
+                    }
+                }
+                _ = ctx.shutdown.cancelled(), if !stopping => {}
+            }
+        }
+        self.release(&client, &mut marks, &mut entries, generation)
+            .await;
+        // The acknowledgements go out before the DISCONNECT (requests are sent in order).
+        let _ = client.disconnect().await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), pump).await;
+        tracing::debug!(source = %self.name, "mqtt: stopped");
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn take(
+        &self,
+        ctx: &SourceContext,
+        p: Publish,
+        generation: u64,
+        next_seq: &mut u64,
+        marks: &mut Watermark,
+        entries: &mut HashMap<u64, Entry>,
+        window: &mut InFlight<u64>,
+    ) {
+        let converted = self.to_event(&p);
+        if p.qos == QoS::AtMostOnce {
+            match converted {
+                Ok((event, fresh)) => {
+                    let _ = ctx
+                        .sender
+                        .send_with(
+                            vec![event],
+                            SendOptions {
+                                skip_dedup: fresh,
+                                ..SendOptions::default()
+                            },
+                        )
+                        .await;
+                }
+                Err(e) => {
+                    tracing::warn!(source = %self.name, topic = %p.topic, error = %e, "mqtt: not a valid CloudEvent; dropped");
+                    ctx.sender.telemetry().rejected("invalid_event", 1);
+                }
+            }
+            return;
+        }
+        let seq = *next_seq;
+        *next_seq += 1;
+        let _ = marks.push(seq);
+        match converted {
+            Ok((event, fresh)) => {
+                let opts = SendOptions {
+                    skip_dedup: fresh,
+                    ..SendOptions::default()
+                };
+                entries.insert(
+                    seq,
+                    Entry {
+                        publish: p,
+                        generation,
+                        event: Some(event.clone()),
+                        fresh,
+                        attempts: 0,
+                    },
+                );
+                match ctx.sender.send_with(vec![event], opts).await {
+                    Ok(pending) => window.push(seq, pending),
+                    Err(_) => {
+                        marks.failed(seq);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(source = %self.name, topic = %p.topic, error = %e, "mqtt: not a valid CloudEvent; acknowledged without delivery (MQTT has no dead-letter)");
+                ctx.sender.telemetry().rejected("invalid_event", 1);
+                self.telemetry.settled(Settled::Reject, 1);
+                entries.insert(
+                    seq,
+                    Entry {
+                        publish: p,
+                        generation,
+                        event: None,
+                        fresh: true,
+                        attempts: 0,
+                    },
+                );
+                marks.delivered(seq);
+            }
+        }
+    }
+
+    /// Acknowledges, in arrival order, every message up to the first unsettled one.
+    async fn release(
+        &self,
+        client: &AsyncClient,
+        marks: &mut Watermark,
+        entries: &mut HashMap<u64, Entry>,
+        generation: u64,
+    ) {
+        let mut released = Vec::new();
+        marks.advance(|s| released.push(s));
+        for seq in released {
+            let Some(e) = entries.remove(&seq) else {
+                continue;
+            };
+            if e.generation != generation {
+                continue; // its connection is gone; the broker resends it
+            }
+            if let Err(err) = client.ack(&e.publish).await {
+                tracing::warn!(source = %self.name, error = %err, "mqtt: acknowledgement not sent; the broker resends the message");
+            } else {
+                self.telemetry.commits.increment(1);
+            }
+        }
+    }
+}
+
+/// Drives the connection: forwards messages, reconnects with backoff, subscribes again when the
+/// broker kept no session.
+async fn pump(
+    mut eventloop: EventLoop,
+    client: AsyncClient,
+    filters: Vec<SubscribeFilter>,
+    tx: mpsc::Sender<Arrival>,
+    name: String,
+) {
+    let dropped =
+        metrics::counter!(EVENTS_DROPPED, "source" => name.clone(), "reason" => "slow_consumer");
+    let mut generation = 0u64;
+    let mut attempts = 0u32;
+    loop {
+        let polled = tokio::select! {
+            r = eventloop.poll() => r,
+            // The source is gone (stopped or aborted): drop the connection.
+            _ = tx.closed() => return,
+        };
+        match polled {
+            Ok(MqttEvent::Incoming(Packet::Publish(p))) => {
+                attempts = 0;
+                if p.qos == QoS::AtMostOnce {
+                    if tx.try_send(Arrival::Publish(p, generation)).is_err() {
+                        dropped.increment(1);
+                    }
+                } else if tx.send(Arrival::Publish(p, generation)).await.is_err() {
+                    return;
+                }
+            }
+            // The first CONNACK was taken by `connect`: every one here is a reconnect.
+            Ok(MqttEvent::Incoming(Packet::ConnAck(ack))) => {
+                generation += 1;
+                if !ack.session_present {
+                    let _ = client.try_subscribe_many(filters.clone());
+                }
+                if tx.send(Arrival::Connected(generation)).await.is_err() {
+                    return;
+                }
+            }
+            Ok(MqttEvent::Outgoing(rumqttc::Outgoing::Disconnect)) => return,
+            Ok(_) => {}
+            Err(rumqttc::ConnectionError::RequestsDone) => return,
+            Err(e) => {
+                tracing::warn!(source = %name, error = %e, "mqtt: connection lost; reconnecting");
+                tokio::time::sleep(reconnect_delay(attempts)).await;
+                attempts += 1;
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A JSON object with a `specversion` member near its start is taken for a structured
+/// CloudEvent (and must then be a valid one).
+fn looks_structured(p: &[u8]) -> bool {
+    let t = p.trim_ascii_start();
+    t.first() == Some(&b'{')
+        && t[..t.len().min(4096)]
+            .windows(13)
+            .any(|w| w == b"\"specversion\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_filters() {
+        assert!(check_filter("devices/+/telemetry").is_ok());
+        assert!(check_filter("a/#").is_ok());
+        assert!(check_filter("a/#/b").is_err());
+        assert!(check_filter("a/b+").is_err());
+        assert!(looks_structured(b"{\"specversion\":\"1.0\"}"));
+    }
+}

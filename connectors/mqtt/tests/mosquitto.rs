@@ -1,0 +1,341 @@
+//! The MQTT connectors against mosquitto: the one on 127.0.0.1:1883 (each test uses its own
+//! topics and client ids) and brokers started here for restarts, behind a relay for drops.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, Event as MqttEvent, MqttOptions, Packet, QoS};
+use serde_json::json;
+use sluice_core::testkit::peers::{spawn_mosquitto, Relay};
+use sluice_core::testkit::{assert_sink_telemetry, assert_source_telemetry, SinkRig, SourceRig};
+use sluice_core::{Event, SinkConfig, SourceConfig, Status};
+use sluice_mqtt::{MqttSinkConfig, MqttSourceConfig};
+
+const URL: &str = "mqtt://127.0.0.1:1883";
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::now_v7().simple())
+}
+
+/// A test client that publishes (QoS 1, waiting for each PUBACK) and collects what it receives.
+struct Peer {
+    client: AsyncClient,
+    rx: tokio::sync::mpsc::UnboundedReceiver<rumqttc::Publish>,
+    acks: tokio::sync::mpsc::UnboundedReceiver<u16>,
+}
+
+async fn peer(port: u16) -> Peer {
+    let mut o = MqttOptions::new(unique("peer"), "127.0.0.1", port);
+    o.set_keep_alive(Duration::from_secs(10));
+    let (client, mut el) = AsyncClient::new(o, 1000);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (atx, acks) = tokio::sync::mpsc::unbounded_channel();
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut ready_tx = Some(ready_tx);
+        loop {
+            match el.poll().await {
+                Ok(MqttEvent::Incoming(Packet::ConnAck(_))) => {
+                    if let Some(r) = ready_tx.take() {
+                        let _ = r.send(());
+                    }
+                }
+                Ok(MqttEvent::Incoming(Packet::Publish(p))) => {
+                    let _ = tx.send(p);
+                }
+                Ok(MqttEvent::Incoming(Packet::PubAck(a))) => {
+                    let _ = atx.send(a.pkid);
+                }
+                Ok(MqttEvent::Incoming(Packet::SubAck(_))) => {
+                    let _ = atx.send(0);
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(10), ready)
+        .await
+        .unwrap_or_else(|_| {
+            panic!("mosquitto on 127.0.0.1:{port} is not reachable: scripts/test.sh starts it")
+        })
+        .unwrap();
+    Peer { client, rx, acks }
+}
+
+impl Peer {
+    async fn publish(&mut self, topic: &str, body: impl Into<Vec<u8>>) {
+        self.client
+            .publish(topic, QoS::AtLeastOnce, false, body)
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.acks.recv())
+            .await
+            .expect("PUBACK")
+            .unwrap();
+    }
+
+    async fn subscribe(&mut self, topic: &str) {
+        self.client
+            .subscribe(topic, QoS::AtLeastOnce)
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.acks.recv())
+            .await
+            .expect("SUBACK")
+            .unwrap();
+    }
+}
+
+async fn start_source(
+    name: &str,
+    cfg: serde_json::Value,
+) -> (
+    SourceRig,
+    tokio::task::JoinHandle<Result<(), sluice_core::ConnectorError>>,
+) {
+    let cfg: MqttSourceConfig = serde_json::from_value(cfg).unwrap();
+    cfg.validate(name).unwrap();
+    let mut rig = SourceRig::new(name);
+    let running = Box::new(cfg)
+        .build(rig.context(name))
+        .await
+        .expect("builds");
+    (rig, tokio::spawn(running))
+}
+
+async fn start_sink(name: &str, cfg: serde_json::Value) -> SinkRig {
+    let cfg: MqttSinkConfig = serde_json::from_value(cfg).unwrap();
+    cfg.validate(name).unwrap();
+    let mut rig = SinkRig::new(name);
+    let running = Box::new(cfg)
+        .build(rig.context(name))
+        .await
+        .expect("builds");
+    tokio::spawn(running);
+    rig
+}
+
+fn body(e: &Event) -> String {
+    String::from_utf8(e.data.as_bytes().unwrap().to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn acknowledgements_follow_arrival_order_and_a_restart_gets_what_was_not_acknowledged() {
+    let topic = unique("devices");
+    let client_id = unique("sluice");
+    let cfg = json!({"url": URL, "topics": [format!("{topic}/+/telemetry")], "qos": 1, "client_id": client_id});
+    let mut p = peer(1883).await;
+    let (mut rig, task) = start_source("mqtt-order", cfg.clone()).await;
+    let mut cap = rig.capture();
+    for i in 0..3 {
+        p.publish(&format!("{topic}/d{i}/telemetry"), format!("m{i}"))
+            .await;
+    }
+    let mut items = Vec::new();
+    for _ in 0..3 {
+        items.push(cap.next_within(Duration::from_secs(10)).await);
+    }
+    assert_eq!(
+        items.iter().map(|i| body(&i.event)).collect::<Vec<_>>(),
+        ["m0", "m1", "m2"]
+    );
+    assert_eq!(
+        items[1].event.subject.as_deref(),
+        Some(format!("{topic}/d1/telemetry").as_str())
+    );
+    // m2 and m1 are delivered, m0 is not: their PUBACKs must wait behind m0's.
+    let m0 = items.remove(0);
+    for i in items.into_iter().rev() {
+        i.delivery.delivered();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    task.abort();
+    let _ = task.await;
+    drop(m0);
+    // Same client id, persistent session: the broker resends all three.
+    let (mut rig2, task2) = start_source("mqtt-order-2", cfg.clone()).await;
+    let got = rig2.capture().auto(Status::Delivered);
+    let events = got.wait_for(3).await;
+    let bodies: BTreeSet<String> = events.iter().map(body).collect();
+    assert_eq!(bodies, ["m0", "m1", "m2"].map(String::from).into());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    rig2.shutdown.cancel();
+    task2.await.unwrap().unwrap();
+    // All acknowledged now: a third start gets nothing again, but new messages.
+    let (mut rig3, _task3) = start_source("mqtt-order-3", cfg).await;
+    let got3 = rig3.capture().auto(Status::Delivered);
+    p.publish(&format!("{topic}/d9/telemetry"), "m9").await;
+    let events = got3.wait_for(1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        got3.events().iter().map(body).collect::<Vec<_>>(),
+        ["m9"],
+        "{events:?}"
+    );
+    assert_source_telemetry("mqtt-order-3", 1);
+}
+
+#[tokio::test]
+async fn failed_deliveries_are_retried_and_hold_back_later_acknowledgements() {
+    let topic = unique("retry");
+    let mut p = peer(1883).await;
+    let (mut rig, _task) = start_source(
+        "mqtt-retry",
+        json!({"url": URL, "topics": [topic], "client_id": unique("c")}),
+    )
+    .await;
+    let mut cap = rig.capture();
+    p.publish(&topic, "a").await;
+    let first = cap.next_within(Duration::from_secs(10)).await;
+    let id = first.event.id.clone();
+    first.delivery.failed("down");
+    let again = cap.next_within(Duration::from_secs(10)).await;
+    assert_eq!(again.event.id, id, "a retry keeps the event id");
+    again.delivery.delivered();
+}
+
+#[tokio::test]
+async fn a_dropped_connection_and_a_broker_restart_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = spawn_mosquitto(dir.path(), None);
+    let port = broker.port;
+    let relay = Relay::new();
+    relay.point_at(Some(port));
+    let topic = "t/drop";
+    let (mut rig, _task) = start_source(
+        "mqtt-outage",
+        json!({"url": format!("mqtt://127.0.0.1:{}", relay.port), "topics": [topic], "client_id": "sluice-outage", "keep_alive": "5s"}),
+    )
+    .await;
+    let got = rig.capture().auto(Status::Delivered);
+    let mut p = peer(port).await;
+    for i in 0..50 {
+        p.publish(topic, format!("n{i}")).await;
+    }
+    got.wait_for(50).await;
+    // The connection drops; what is published meanwhile waits in the persistent session.
+    relay.cut();
+    for i in 50..100 {
+        p.publish(topic, format!("n{i}")).await;
+    }
+    got.wait_for(100).await;
+    // The broker restarts (a clean stop saves its sessions) on the same port.
+    broker.stop();
+    broker = spawn_mosquitto(dir.path(), Some(port));
+    let mut p = peer(port).await;
+    for i in 100..150 {
+        p.publish(topic, format!("n{i}")).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen: BTreeSet<String> = got.events().iter().map(body).collect();
+        if seen.len() == 150 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of 150 distinct messages delivered",
+            seen.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(broker);
+}
+
+#[tokio::test]
+async fn structured_events_and_the_argo_shape() {
+    let topic = unique("ce");
+    let mut p = peer(1883).await;
+    let (mut rig, _t) = start_source(
+        "mqtt-ce",
+        json!({"url": URL, "topics": [topic], "client_id": unique("c")}),
+    )
+    .await;
+    let mut cap = rig.capture();
+    let e = Event::new("ce-1", "/sensors", "com.example.reading").with_json(&b"{\"t\":21}"[..]);
+    p.publish(&topic, sluice_core::format::encode_event(&e))
+        .await;
+    assert_eq!(
+        cap.deliver_next().await,
+        e,
+        "taken as it is, not re-wrapped"
+    );
+
+    let topic2 = unique("argo");
+    let (mut rig, _t) = start_source(
+        "mqtt-argo",
+        json!({"url": URL, "topics": [topic2], "client_id": unique("c"), "format": "argo", "json_body": true}),
+    )
+    .await;
+    p.publish(&topic2, "{\"a\":1}").await;
+    let e = rig.capture().deliver_next().await;
+    assert_eq!(
+        (e.ty.as_str(), e.subject.as_deref()),
+        ("mqtt", Some("mqtt-argo"))
+    );
+    let d: serde_json::Value = serde_json::from_slice(e.data.as_bytes().unwrap()).unwrap();
+    assert_eq!(d["topic"], topic2.as_str());
+    assert_eq!(d["body"], json!({"a": 1}));
+    assert!(d["messageId"].is_number());
+}
+
+#[tokio::test]
+async fn the_sink_counts_delivered_on_puback_and_fails_without_one() {
+    let topic = unique("out");
+    let mut sub = peer(1883).await;
+    sub.subscribe(&format!("{topic}/#")).await;
+    let rig = start_sink(
+        "mqtt-sink",
+        json!({"url": URL, "topic": format!("{topic}/{{type}}"), "qos": 1}),
+    )
+    .await;
+    let e = Event::new("s-1", "/s", "created").with_json(&b"{}"[..]);
+    let out = rig.send(vec![e.clone()]).await;
+    assert_eq!(out.status, Status::Delivered, "{:?}", out.reason);
+    let m = tokio::time::timeout(Duration::from_secs(5), sub.rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.topic, format!("{topic}/created"));
+    assert_eq!(sluice_core::format::decode_event(&m.payload).unwrap(), e);
+    let rig2 = start_sink(
+        "mqtt-sink-2",
+        json!({"url": URL, "topic": format!("{topic}/q2"), "qos": 2}),
+    )
+    .await;
+    assert!(rig2.send(vec![e.clone()]).await.is_delivered());
+    assert_sink_telemetry("mqtt-sink", 1, 0);
+
+    // The broker stops answering (the connection is cut and not restored): no PUBACK, failed.
+    let relay = Relay::new();
+    relay.point_at(Some(1883));
+    let rig3 = start_sink(
+        "mqtt-sink-cut",
+        json!({"url": format!("mqtt://127.0.0.1:{}", relay.port), "topic": topic, "timeout": "1s"}),
+    )
+    .await;
+    relay.point_at(None);
+    relay.cut();
+    let out = tokio::time::timeout(Duration::from_secs(10), rig3.send(vec![e]))
+        .await
+        .expect("answered");
+    assert_eq!(out.status, Status::Failed);
+}
+
+#[test]
+fn bad_config_is_refused_with_a_reason() {
+    for (cfg, want) in [
+        (json!({"topics": []}), "topics is empty"),
+        (json!({"topics": ["a/#/b"]}), "whole last level"),
+        (json!({"topics": ["a"], "qos": 3}), "qos 3"),
+        (json!({"topics": ["a"], "url": "mqtt://u:p@h"}), "auth:"),
+        (json!({"topics": ["a"], "url": "mqtts://h"}), "tls.ca"),
+    ] {
+        let c: MqttSourceConfig = serde_json::from_value(cfg).unwrap();
+        let e = c.validate("s").unwrap_err();
+        assert!(e.contains(want), "{e}");
+    }
+    let c: MqttSinkConfig = serde_json::from_value(json!({"topic": "a/+"})).unwrap();
+    assert!(c.validate("s").unwrap_err().contains("wildcards"));
+}
