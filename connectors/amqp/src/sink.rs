@@ -206,11 +206,23 @@ impl AmqpSink {
             for SinkItem { event, delivery } in batch.drain(..) {
                 let key = self.template.render_with(&event, |out, v| out.push_str(v));
                 let (props, body) = binding::encode(&event, self.cfg.mode, self.cfg.persistent);
-                match l
-                    .channel
-                    .basic_publish(exchange.clone(), ShortString::from(key), opts, &body, props)
-                    .await
-                {
+                // Bounded by the grace period: a blocked connection (a broker resource alarm)
+                // must not hold up shutdown.
+                let publishing = l.channel.basic_publish(
+                    exchange.clone(),
+                    ShortString::from(key),
+                    opts,
+                    &body,
+                    props,
+                );
+                let published = tokio::select! {
+                    r = publishing => r,
+                    _ = ctx.grace_over.cancelled() => {
+                        delivery.failed("the shutdown grace period ended before the broker took it");
+                        continue;
+                    }
+                };
+                match published {
                     Ok(confirm) => {
                         let timeout = self.cfg.timeout.get();
                         window.push(Box::pin(async move {

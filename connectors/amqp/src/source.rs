@@ -206,7 +206,7 @@ impl AmqpSource {
             conn,
             channel,
             consumer,
-            marks: Watermark::new(self.cfg.prefetch as usize + 1),
+            marks: Watermark::new(self.cfg.prefetch as usize * 2 + 1),
             not_acked: std::collections::HashSet::new(),
             generation: 0,
         })
@@ -334,7 +334,12 @@ impl AmqpSource {
                 break;
             }
             let held_due = held.iter().map(|h| h.0).min();
-            let reading = session.is_some() && !stopping && window.room() > 0;
+            // The ack tracker also holds nacked and rejected tags behind an unsettled one: stop
+            // reading while it is full (a tag it does not track could be covered by a
+            // `multiple` ack before its delivery).
+            let reading = !stopping
+                && window.room() > 0
+                && session.as_ref().is_some_and(|s| !s.marks.is_full());
             tokio::select! {
                 biased;
                 Some((h, outcome)) = window.next(), if !window.is_empty() => {

@@ -105,8 +105,10 @@ impl SinkConfig for MqttSinkConfig {
         Box::pin(async move {
             let name = ctx.name.clone();
             let err = |m: String| ConnectorError(format!("mqtt sink {name}: {m}"));
-            // A publisher keeps no subscriptions: a clean session, and what it had in flight is
-            // resent by the client after a reconnect.
+            // A clean session: every connection starts with a fresh client and nothing carried
+            // over (what was in flight when a connection dropped is reported failed, and the
+            // source upstream retries it), so packet ids never have to be matched across
+            // connections.
             let mut opts = options(
                 &self.url,
                 &self.client_id(&name),
@@ -117,32 +119,16 @@ impl SinkConfig for MqttSinkConfig {
             )
             .map_err(err)?;
             opts.set_inflight(self.max_in_flight);
-            let (client, mut eventloop) = AsyncClient::new(opts, self.max_in_flight as usize + 16);
-            // Built means connected.
-            let connected = tokio::time::timeout(Duration::from_secs(10), async {
-                loop {
-                    match eventloop.poll().await {
-                        Ok(MqttEvent::Incoming(Packet::ConnAck(_))) => return Ok(()),
-                        Ok(_) => {}
-                        Err(e) => return Err(format!("cannot connect ({e})")),
-                    }
-                }
-            })
-            .await
-            .map_err(|_| {
-                err(format!(
-                    "no answer from {} within 10s; is the broker up?",
-                    self.url
-                ))
-            })?;
-            connected.map_err(err)?;
             let sink = MqttSink {
                 template: Template::parse("topic", &self.topic).map_err(err)?,
                 qos: qos(self.qos).map_err(err)?,
-                name,
+                name: name.clone(),
+                opts,
                 cfg: *self,
             };
-            Ok(Box::pin(sink.run(client, eventloop, ctx)) as Running)
+            // Built means connected.
+            let conn = sink.connect().await.map_err(err)?;
+            Ok(Box::pin(sink.run(conn, ctx)) as Running)
         })
     }
 }
@@ -153,50 +139,142 @@ struct Waiting {
     _permit: OwnedSemaphorePermit,
 }
 
-/// Publishes between the request and the broker's acknowledgement. The client writes publishes
-/// in request order and reports each with its packet id, so the queue is matched in order; a
-/// publish the client resends after a reconnect keeps its packet id and is not matched again.
-/// A publish whose wait expired stays known by its packet id until the broker acknowledges it
-/// (the client keeps resending it), so that its resends are not taken for new publishes.
+/// Publishes of one connection between the request and the broker's acknowledgement. The
+/// client writes publishes in request order and reports each with its packet id, so the queue
+/// is matched in order.
 #[derive(Default)]
 struct Tracker {
     queued: VecDeque<Waiting>,
     by_pkid: HashMap<u16, Waiting>,
-    expired: std::collections::HashSet<u16>,
+}
+
+impl Tracker {
+    fn fail_all(&mut self, why: &str) {
+        for w in self
+            .queued
+            .drain(..)
+            .chain(self.by_pkid.drain().map(|(_, w)| w))
+        {
+            w.delivery.failed(why.to_owned());
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queued.is_empty() && self.by_pkid.is_empty()
+    }
+
+    /// Whether anything waited past its deadline.
+    fn overdue(&self, now: Instant) -> bool {
+        self.queued.front().is_some_and(|w| w.deadline <= now)
+            || self.by_pkid.values().any(|w| w.deadline <= now)
+    }
+}
+
+/// One connection: its client, its tracker, the task that drives it.
+struct Conn {
+    client: AsyncClient,
+    tracker: Arc<Mutex<Tracker>>,
+    pump: tokio::task::JoinHandle<()>,
+}
+
+impl Conn {
+    /// Ends the connection and fails what it still had in flight.
+    fn close(self, why: &str) {
+        self.pump.abort();
+        lock(&self.tracker).fail_all(why);
+    }
+}
+
+fn lock(t: &Mutex<Tracker>) -> std::sync::MutexGuard<'_, Tracker> {
+    t.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 struct MqttSink {
     name: String,
     cfg: MqttSinkConfig,
+    opts: rumqttc::MqttOptions,
     template: Template,
     qos: QoS,
 }
 
 impl MqttSink {
-    async fn run(
-        self,
-        client: AsyncClient,
-        eventloop: EventLoop,
-        mut ctx: SinkContext,
-    ) -> Result<(), ConnectorError> {
+    async fn connect(&self) -> Result<Conn, String> {
+        let (client, mut eventloop) =
+            AsyncClient::new(self.opts.clone(), self.cfg.max_in_flight as usize + 16);
+        let connected = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match eventloop.poll().await {
+                    Ok(MqttEvent::Incoming(Packet::ConnAck(_))) => return Ok(()),
+                    Ok(_) => {}
+                    Err(e) => return Err(format!("cannot connect ({e})")),
+                }
+            }
+        })
+        .await
+        .map_err(|_| {
+            format!(
+                "no answer from {} within 10s; is the broker up?",
+                self.cfg.url
+            )
+        })?;
+        connected?;
         let tracker = Arc::new(Mutex::new(Tracker::default()));
-        let window = Arc::new(Semaphore::new(self.cfg.max_in_flight as usize));
         let pump = tokio::spawn(pump(
             eventloop,
             tracker.clone(),
             self.qos,
             self.name.clone(),
         ));
-        let mut sweep = tokio::time::interval(Duration::from_millis(250));
+        Ok(Conn {
+            client,
+            tracker,
+            pump,
+        })
+    }
+
+    async fn run(self, first: Conn, mut ctx: SinkContext) -> Result<(), ConnectorError> {
+        let window = Arc::new(Semaphore::new(self.cfg.max_in_flight as usize));
+        let mut conn = Some(first);
+        let mut next_attempt = Instant::now();
+        let mut attempts = 0u32;
+        let mut sweep = tokio::time::interval(Duration::from_millis(100));
         let mut batch: Vec<SinkItem> = Vec::new();
         loop {
+            // A connection whose task ended (the connection dropped) or that let a publish wait
+            // past its deadline is done: what it had in flight is failed.
+            let broken = conn
+                .as_ref()
+                .is_some_and(|c| c.pump.is_finished() || lock(&c.tracker).overdue(Instant::now()));
+            if broken {
+                tracing::warn!(sink = %self.name, "mqtt: connection lost or not acknowledging; reconnecting (what was in flight is failed)");
+                if let Some(c) = conn.take() {
+                    c.close("the connection to the broker was lost before its acknowledgement");
+                }
+                next_attempt = Instant::now() + reconnect_delay(attempts);
+                attempts += 1;
+            }
+            if conn.is_none() && Instant::now() >= next_attempt {
+                match self.connect().await {
+                    Ok(c) => {
+                        tracing::info!(sink = %self.name, "mqtt: reconnected");
+                        attempts = 0;
+                        conn = Some(c);
+                    }
+                    Err(e) => {
+                        tracing::warn!(sink = %self.name, error = %e, "mqtt: reconnect failed");
+                        next_attempt = Instant::now() + reconnect_delay(attempts);
+                        attempts += 1;
+                    }
+                }
+            }
             let permit = tokio::select! {
                 p = window.clone().acquire_owned() => p.expect("never closed"),
+                _ = sweep.tick() => continue,
                 _ = ctx.grace_over.cancelled() => break,
             };
             let n = tokio::select! {
                 n = ctx.input.recv_many(&mut batch, 1) => n,
-                _ = sweep.tick() => { expire(&tracker); continue; }
+                _ = sweep.tick() => continue,
                 _ = ctx.grace_over.cancelled() => break,
             };
             if n == 0 {
@@ -204,6 +282,16 @@ impl MqttSink {
             }
             let SinkItem { event, delivery } = batch.pop().expect("one item");
             let topic = self.template.render_with(&event, |out, v| out.push_str(v));
+            if topic.is_empty() || topic.contains(['+', '#']) {
+                delivery.rejected(format!(
+                    "topic {topic:?} is not a valid MQTT topic name (empty or with a wildcard)"
+                ));
+                continue;
+            }
+            let Some(c) = &conn else {
+                delivery.failed("not connected to the broker (reconnecting)");
+                continue;
+            };
             let body = match self.cfg.payload {
                 Payload::Event => format::encode_event(&event),
                 Payload::Data => event
@@ -213,94 +301,65 @@ impl MqttSink {
                     .unwrap_or_default(),
             };
             // Queued before the request, so the client cannot report it first.
-            tracker
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .queued
-                .push_back(Waiting {
-                    delivery,
-                    deadline: Instant::now() + self.cfg.timeout.get(),
-                    _permit: permit,
-                });
-            if let Err(e) = client.publish(topic, self.qos, self.cfg.retain, body).await {
-                if let Some(w) = tracker
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .queued
-                    .pop_back()
-                {
+            lock(&c.tracker).queued.push_back(Waiting {
+                delivery,
+                deadline: Instant::now() + self.cfg.timeout.get(),
+                _permit: permit,
+            });
+            if let Err(e) = c
+                .client
+                .publish(topic, self.qos, self.cfg.retain, body)
+                .await
+            {
+                if let Some(w) = lock(&c.tracker).queued.pop_back() {
                     w.delivery
                         .failed(format!("publish refused by the client: {e}"));
                 }
             }
         }
         // Drain: wait for what is in flight, each bounded by its deadline.
-        loop {
-            expire(&tracker);
-            let empty = {
-                let t = tracker.lock().unwrap_or_else(|p| p.into_inner());
-                t.queued.is_empty() && t.by_pkid.is_empty()
-            };
-            if empty || ctx.grace_over.is_cancelled() {
-                break;
+        if let Some(c) = conn.take() {
+            loop {
+                let (empty, overdue) = {
+                    let t = lock(&c.tracker);
+                    (t.is_empty(), t.overdue(Instant::now()))
+                };
+                if empty || overdue || c.pump.is_finished() || ctx.grace_over.is_cancelled() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = c.client.disconnect().await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                while !c.pump.is_finished() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await;
+            c.close("the sink stopped before the broker acknowledged it");
         }
-        let _ = client.disconnect().await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), pump).await;
-        // Whatever is left is dropped and reported failed by the deliveries themselves.
         tracing::debug!(sink = %self.name, "mqtt: stopped");
         Ok(())
     }
 }
 
-/// Fails what waited past its deadline.
-fn expire(tracker: &Mutex<Tracker>) {
-    let now = Instant::now();
-    let mut t = tracker.lock().unwrap_or_else(|p| p.into_inner());
-    let late: Vec<u16> = t
-        .by_pkid
-        .iter()
-        .filter(|(_, w)| w.deadline <= now)
-        .map(|(k, _)| *k)
-        .collect();
-    for k in late {
-        if let Some(w) = t.by_pkid.remove(&k) {
-            w.delivery
-                .failed("no acknowledgement from the broker in time");
-            t.expired.insert(k);
-        }
-    }
-    while t.queued.front().is_some_and(|w| w.deadline <= now) {
-        if let Some(w) = t.queued.pop_front() {
-            w.delivery
-                .failed("not sent to the broker in time (disconnected?)");
-        }
-    }
-}
-
+/// Drives one connection and matches acknowledgements; returns when it drops.
 async fn pump(mut eventloop: EventLoop, tracker: Arc<Mutex<Tracker>>, qos: QoS, name: String) {
-    let mut attempts = 0u32;
     loop {
         match eventloop.poll().await {
             Ok(MqttEvent::Outgoing(Outgoing::Publish(pkid))) => {
-                attempts = 0;
-                let mut t = tracker.lock().unwrap_or_else(|p| p.into_inner());
-                if qos == QoS::AtMostOnce {
-                    if let Some(w) = t.queued.pop_front() {
+                let mut t = lock(&tracker);
+                if let Some(w) = t.queued.pop_front() {
+                    if qos == QoS::AtMostOnce {
                         w.delivery.delivered();
-                    }
-                } else if !t.by_pkid.contains_key(&pkid) && !t.expired.contains(&pkid) {
-                    if let Some(w) = t.queued.pop_front() {
+                    } else {
                         t.by_pkid.insert(pkid, w);
                     }
                 }
             }
             Ok(MqttEvent::Incoming(Packet::PubAck(rumqttc::PubAck { pkid })))
             | Ok(MqttEvent::Incoming(Packet::PubComp(rumqttc::PubComp { pkid }))) => {
-                let mut t = tracker.lock().unwrap_or_else(|p| p.into_inner());
-                t.expired.remove(&pkid);
-                if let Some(w) = t.by_pkid.remove(&pkid) {
+                if let Some(w) = lock(&tracker).by_pkid.remove(&pkid) {
                     w.delivery.delivered();
                 }
             }
@@ -308,9 +367,8 @@ async fn pump(mut eventloop: EventLoop, tracker: Arc<Mutex<Tracker>>, qos: QoS, 
             Ok(_) => {}
             Err(rumqttc::ConnectionError::RequestsDone) => return,
             Err(e) => {
-                tracing::warn!(sink = %name, error = %e, "mqtt: connection lost; reconnecting (unacknowledged publishes are resent)");
-                tokio::time::sleep(reconnect_delay(attempts)).await;
-                attempts += 1;
+                tracing::warn!(sink = %name, error = %e, "mqtt: connection lost");
+                return;
             }
         }
     }

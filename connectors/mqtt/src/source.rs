@@ -42,7 +42,8 @@ pub struct MqttSourceConfig {
     pub url: String,
     /// Topic filters to subscribe to (`+` and `#` wildcards).
     pub topics: Vec<String>,
-    /// Subscription QoS: 0 (at most once: nothing to acknowledge), 1 (default) or 2.
+    /// Subscription QoS: 0 (at most once: nothing to acknowledge) or 1 (default). 2 is refused
+    /// (see the connector's page).
     #[serde(default = "one")]
     pub qos: u8,
     /// The client id; with a persistent session it names the session the broker keeps, so keep
@@ -116,6 +117,9 @@ impl SourceConfig for MqttSourceConfig {
     fn validate(&self, name: &str) -> Result<(), String> {
         check_common(&self.url, &self.client_id(name), self.tls.as_ref())?;
         qos(self.qos)?;
+        if self.qos == 2 {
+            return Err("qos 2 subscriptions are not supported: the MQTT client cannot resume an exactly-once exchange after a reconnect (it refuses the broker's PUBREL); use qos 1 (repeats of CloudEvents are dropped by dedup)".into());
+        }
         if self.topics.is_empty() {
             return Err("topics is empty: name at least one topic filter".into());
         }
@@ -149,7 +153,8 @@ impl SourceConfig for MqttSourceConfig {
             )
             .map_err(err)?;
             opts.set_manual_acks(true);
-            let (client, mut eventloop) = AsyncClient::new(opts, self.max_in_flight * 2 + 64);
+            let capacity = self.max_in_flight * 2 + 64;
+            let (client, mut eventloop) = AsyncClient::new(opts.clone(), capacity);
             let filters: Vec<SubscribeFilter> = self
                 .topics
                 .iter()
@@ -159,7 +164,7 @@ impl SourceConfig for MqttSourceConfig {
             let mut early = Vec::new();
             let session_present = tokio::time::timeout(
                 Duration::from_secs(10),
-                connect(&client, &mut eventloop, &filters, &mut early),
+                connect(&client, &mut eventloop, &filters, true, &mut early),
             )
             .await
             .map_err(|_| {
@@ -178,7 +183,12 @@ impl SourceConfig for MqttSourceConfig {
                 name,
                 cfg: *self,
             };
-            Ok(Box::pin(source.run(client, eventloop, filters, early, ctx)) as Running)
+            let link = Link {
+                opts,
+                capacity,
+                filters,
+            };
+            Ok(Box::pin(source.run(client, eventloop, link, early, ctx)) as Running)
         })
     }
 }
@@ -189,6 +199,7 @@ async fn connect(
     client: &AsyncClient,
     eventloop: &mut EventLoop,
     filters: &[SubscribeFilter],
+    always_subscribe: bool,
     early: &mut Vec<Publish>,
 ) -> Result<bool, String> {
     let mut session_present = None;
@@ -197,6 +208,11 @@ async fn connect(
             Ok(MqttEvent::Incoming(Packet::Publish(p))) => early.push(p),
             Ok(MqttEvent::Incoming(Packet::ConnAck(ack))) => {
                 session_present = Some(ack.session_present);
+                if ack.session_present && !always_subscribe {
+                    // The broker kept the subscriptions (subscribing again would resend
+                    // retained messages).
+                    return Ok(true);
+                }
                 client
                     .subscribe_many(filters.to_vec())
                     .await
@@ -224,8 +240,16 @@ async fn connect(
 
 enum Arrival {
     Publish(Publish, u64),
-    /// A new connection (generation): acknowledgements of older ones are not sent.
-    Connected(u64),
+    /// A new connection (generation) with its own client: acknowledgements of older ones are
+    /// not sent (their client is gone with its connection; the broker resends those messages).
+    Connected(u64, AsyncClient),
+}
+
+/// What opening another connection needs.
+struct Link {
+    opts: rumqttc::MqttOptions,
+    capacity: usize,
+    filters: Vec<SubscribeFilter>,
 }
 
 /// A QoS 1/2 message between arrival and acknowledgement.
@@ -293,9 +317,9 @@ impl MqttSource {
 
     async fn run(
         self,
-        client: AsyncClient,
+        mut client: AsyncClient,
         eventloop: EventLoop,
-        filters: Vec<SubscribeFilter>,
+        link: Link,
         early: Vec<Publish>,
         ctx: SourceContext,
     ) -> Result<(), ConnectorError> {
@@ -303,16 +327,12 @@ impl MqttSource {
         for p in early {
             let _ = tx.try_send(Arrival::Publish(p, 0));
         }
-        let pump = tokio::spawn(pump(
-            eventloop,
-            client.clone(),
-            filters.clone(),
-            tx,
-            self.name.clone(),
-        ));
+        let filters = link.filters.clone();
+        let pump = tokio::spawn(pump(eventloop, link, tx, self.name.clone()));
         let mut window: InFlight<u64> =
             InFlight::new(self.cfg.max_in_flight, Duration::from_secs(3600));
-        let mut marks = Watermark::new(self.cfg.max_in_flight + 1);
+        // Room for the window and as many again settled behind an unsettled one.
+        let mut marks = Watermark::new(self.cfg.max_in_flight * 2);
         let mut entries: HashMap<u64, Entry> = HashMap::new();
         let mut retries: Vec<(Instant, u64)> = Vec::new();
         let mut next_seq = 0u64;
@@ -332,7 +352,10 @@ impl MqttSource {
             if stopping && window.is_empty() && (!self.cfg.clean_session || rx.is_empty()) {
                 break;
             }
-            let taking = window.room() > 0 && (!stopping || self.cfg.clean_session);
+            // The ordered-ack tracker holds what is in the window, what waits for a retry and
+            // what is settled behind an unsettled one: stop taking when either is full.
+            let taking =
+                window.room() > 0 && !marks.is_full() && (!stopping || self.cfg.clean_session);
             let retry_due = retries.iter().map(|r| r.0).min();
             tokio::select! {
                 biased;
@@ -362,10 +385,11 @@ impl MqttSource {
                     self.release(&client, &mut marks, &mut entries, generation).await;
                     self.telemetry.in_flight.set(window.len() as f64);
                 }
-                _ = tokio::time::sleep_until(retry_due.unwrap_or_else(Instant::now)), if retry_due.is_some() => {
+                _ = tokio::time::sleep_until(retry_due.unwrap_or_else(Instant::now)), if retry_due.is_some() && window.room() > 0 => {
                     let now = Instant::now();
-                    let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut retries).into_iter().partition(|r| r.0 <= now);
-                    retries = later;
+                    retries.sort_by_key(|r| r.0);
+                    let ready = retries.iter().take_while(|r| r.0 <= now).count().min(window.room());
+                    let due: Vec<(Instant, u64)> = retries.drain(..ready).collect();
                     for (_, seq) in due {
                         let Some(e) = entries.get(&seq) else { continue };
                         let Some(event) = e.event.clone() else { continue };
@@ -378,12 +402,11 @@ impl MqttSource {
                 }
                 a = rx.recv(), if taking => {
                     match a {
-                        Some(Arrival::Connected(g)) => {
-                            if g > 0 {
-                                tracing::info!(source = %self.name, "mqtt: reconnected (messages not acknowledged before are resent by the broker)");
-                                self.telemetry.reconnects.increment(1);
-                            }
+                        Some(Arrival::Connected(g, c)) => {
+                            tracing::info!(source = %self.name, "mqtt: reconnected (messages not acknowledged before are resent by the broker)");
+                            self.telemetry.reconnects.increment(1);
                             generation = g;
+                            client = c;
                         }
                         Some(Arrival::Publish(p, g)) => {
                             if p.dup {
@@ -400,9 +423,12 @@ impl MqttSource {
         }
         self.release(&client, &mut marks, &mut entries, generation)
             .await;
-        // The acknowledgements go out before the DISCONNECT (requests are sent in order).
+        // The acknowledgements go out before the DISCONNECT (requests are sent in order); the
+        // connection task must not wait on a full channel meanwhile.
         let _ = client.disconnect().await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), pump).await;
+        let drain = async { while rx.recv().await.is_some() {} };
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), async { tokio::join!(pump, drain) }).await;
         tracing::debug!(source = %self.name, "mqtt: stopped");
         Ok(())
     }
@@ -511,56 +537,76 @@ impl MqttSource {
     }
 }
 
-/// Drives the connection: forwards messages, reconnects with backoff, subscribes again when the
-/// broker kept no session.
-async fn pump(
-    mut eventloop: EventLoop,
-    client: AsyncClient,
-    filters: Vec<SubscribeFilter>,
-    tx: mpsc::Sender<Arrival>,
-    name: String,
-) {
+/// Drives the connection: forwards messages; when it drops, opens a new one with a fresh client
+/// (so that no acknowledgement queued for the old connection reaches the new one) after a
+/// backoff, and subscribes again when the broker kept no session.
+async fn pump(mut eventloop: EventLoop, link: Link, tx: mpsc::Sender<Arrival>, name: String) {
     let dropped =
         metrics::counter!(EVENTS_DROPPED, "source" => name.clone(), "reason" => "slow_consumer");
     let mut generation = 0u64;
     let mut attempts = 0u32;
     loop {
-        let polled = tokio::select! {
-            r = eventloop.poll() => r,
-            // The source is gone (stopped or aborted): drop the connection.
-            _ = tx.closed() => return,
-        };
-        match polled {
-            Ok(MqttEvent::Incoming(Packet::Publish(p))) => {
-                attempts = 0;
-                if p.qos == QoS::AtMostOnce {
-                    if tx.try_send(Arrival::Publish(p, generation)).is_err() {
-                        dropped.increment(1);
+        // Forward until the connection fails.
+        loop {
+            let polled = tokio::select! {
+                r = eventloop.poll() => r,
+                // The source is gone (stopped or aborted): drop the connection.
+                _ = tx.closed() => return,
+            };
+            match polled {
+                Ok(MqttEvent::Incoming(Packet::Publish(p))) => {
+                    attempts = 0;
+                    if p.qos == QoS::AtMostOnce {
+                        if tx.try_send(Arrival::Publish(p, generation)).is_err() {
+                            dropped.increment(1);
+                        }
+                    } else if tx.send(Arrival::Publish(p, generation)).await.is_err() {
+                        return;
                     }
-                } else if tx.send(Arrival::Publish(p, generation)).await.is_err() {
-                    return;
+                }
+                Ok(MqttEvent::Outgoing(rumqttc::Outgoing::Disconnect)) => return,
+                Ok(_) => {}
+                Err(rumqttc::ConnectionError::RequestsDone) => return,
+                Err(e) => {
+                    tracing::warn!(source = %name, error = %e, "mqtt: connection lost; reconnecting");
+                    break;
                 }
             }
-            // The first CONNACK was taken by `connect`: every one here is a reconnect.
-            Ok(MqttEvent::Incoming(Packet::ConnAck(ack))) => {
-                generation += 1;
-                if !ack.session_present {
-                    let _ = client.try_subscribe_many(filters.clone());
-                }
-                if tx.send(Arrival::Connected(generation)).await.is_err() {
-                    return;
-                }
+        }
+        // A new client for the new connection.
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(reconnect_delay(attempts)) => {}
+                _ = tx.closed() => return,
             }
-            Ok(MqttEvent::Outgoing(rumqttc::Outgoing::Disconnect)) => return,
-            Ok(_) => {}
-            Err(rumqttc::ConnectionError::RequestsDone) => return,
-            Err(e) => {
-                tracing::warn!(source = %name, error = %e, "mqtt: connection lost; reconnecting");
-                tokio::time::sleep(reconnect_delay(attempts)).await;
-                attempts += 1;
-                if tx.is_closed() {
-                    return;
+            attempts += 1;
+            let (client, mut el) = AsyncClient::new(link.opts.clone(), link.capacity);
+            let mut early = Vec::new();
+            let connected = tokio::time::timeout(
+                Duration::from_secs(10),
+                connect(&client, &mut el, &link.filters, false, &mut early),
+            )
+            .await;
+            match connected {
+                Ok(Ok(_)) => {
+                    generation += 1;
+                    if tx
+                        .send(Arrival::Connected(generation, client))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    for p in early {
+                        if tx.send(Arrival::Publish(p, generation)).await.is_err() {
+                            return;
+                        }
+                    }
+                    eventloop = el;
+                    break;
                 }
+                Ok(Err(e)) => tracing::warn!(source = %name, error = %e, "mqtt: reconnect failed"),
+                Err(_) => tracing::warn!(source = %name, "mqtt: reconnect timed out"),
             }
         }
     }

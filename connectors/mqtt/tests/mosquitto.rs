@@ -317,10 +317,23 @@ async fn the_sink_counts_delivered_on_puback_and_fails_without_one() {
     .await;
     relay.point_at(None);
     relay.cut();
-    let out = tokio::time::timeout(Duration::from_secs(10), rig3.send(vec![e]))
+    let out = tokio::time::timeout(Duration::from_secs(10), rig3.send(vec![e.clone()]))
         .await
         .expect("answered");
     assert_eq!(out.status, Status::Failed);
+    // The broker is back: the sink connects again and delivers.
+    relay.point_at(Some(1883));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if rig3.send(vec![e.clone()]).await.is_delivered() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sink did not reconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[test]
@@ -329,6 +342,10 @@ fn bad_config_is_refused_with_a_reason() {
         (json!({"topics": []}), "topics is empty"),
         (json!({"topics": ["a/#/b"]}), "whole last level"),
         (json!({"topics": ["a"], "qos": 3}), "qos 3"),
+        (
+            json!({"topics": ["a"], "qos": 2}),
+            "qos 2 subscriptions are not supported",
+        ),
         (json!({"topics": ["a"], "url": "mqtt://u:p@h"}), "auth:"),
         (json!({"topics": ["a"], "url": "mqtts://h"}), "tls.ca"),
     ] {

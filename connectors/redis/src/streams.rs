@@ -347,6 +347,7 @@ impl StreamsSource {
         let mut window: InFlight<Handle> = InFlight::new(self.window, self.claim_idle);
         let mut reader = Some(reader);
         let mut reading: Option<Read> = None;
+        let mut reading_count = 0usize;
         let mut reconnect_at = Instant::now();
         let mut reconnects = 0u32;
         let mut stopping = false;
@@ -367,9 +368,13 @@ impl StreamsSource {
             }
             let held = window.len() + st.stalled.len() + st.retries.len();
             let room = self.window.saturating_sub(held);
+            // COUNT applies per stream: split the room, and leave half of the window for the
+            // entries XAUTOCLAIM takes over while a read blocks.
+            let per_stream = (room.min(self.window.div_ceil(2)) / n).max(1);
             if !stopping && reading.is_none() && st.stalled.is_empty() && room > 0 {
                 if let Some(conn) = &reader {
-                    reading = Some(self.read(conn, &st.cursors, room));
+                    reading_count = per_stream * n;
+                    reading = Some(self.read(conn, &st.cursors, per_stream));
                 }
             }
             if st.acks.len() >= ACK_BATCH {
@@ -386,6 +391,7 @@ impl StreamsSource {
                 }
                 r = async { reading.as_mut().expect("reading").await }, if reading.is_some() => {
                     reading = None;
+                    reading_count = 0;
                     match r.and_then(|v| entry::read_reply(&v).map_err(|e| redis::RedisError::from((redis::ErrorKind::Parse, "XREADGROUP", e)))) {
                         Ok(per_stream) => {
                             reconnects = 0;
@@ -418,8 +424,9 @@ impl StreamsSource {
                 }
                 _ = tick.tick() => {
                     self.keep_alive(&mut ctl, &mut st, &mut window).await;
-                    if !stopping && room > 0 && st.stalled.is_empty() {
-                        self.autoclaim(&mut ctl, &mut st, room).await;
+                    let claim_room = room.saturating_sub(reading_count);
+                    if !stopping && claim_room > 0 && st.stalled.is_empty() {
+                        self.autoclaim(&mut ctl, &mut st, claim_room).await;
                     }
                     self.update_lag(&mut ctl).await;
                 }
