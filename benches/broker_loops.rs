@@ -8,6 +8,7 @@
 //! broker_loops amqp-preload   --url U --queue Q --count N
 //! broker_loops amqp-consume   --url U --queue Q --count N --prefetch P             ack after each
 //! broker_loops amqp-publish   --url U --exchange X --key K --seconds T --window W  confirms
+//! broker_loops amqp-delete    --url U --queue Q
 //! broker_loops mqtt-session   --port P --topic T --client-id C                     persistent session
 //! broker_loops mqtt-preload   --port P --topic T --count N
 //! broker_loops mqtt-consume   --port P --topic T --client-id C --count N           QoS 1, PUBACK after each
@@ -136,7 +137,7 @@ fn main() {
                     }
                 }
             }
-            "amqp-preload" | "amqp-consume" | "amqp-publish" => {
+            "amqp-preload" | "amqp-consume" | "amqp-publish" | "amqp-delete" => {
                 use lapin::options::*;
                 use lapin::types::FieldTable;
                 let conn = lapin::Connection::connect(
@@ -148,6 +149,12 @@ fn main() {
                 let ch = conn.create_channel().await.unwrap();
                 let body = payload();
                 match cmd.as_str() {
+                    "amqp-delete" => {
+                        let queue = arg("--queue").expect("--queue");
+                        let _ = ch
+                            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                            .await;
+                    }
                     "amqp-preload" => {
                         let queue = arg("--queue").expect("--queue");
                         ch.queue_declare(

@@ -61,59 +61,6 @@ echo "preloading $COUNT records of 1 KiB into Kafka (mock cluster at $BS) and Je
 target/release/examples/produce_loop --brokers "$BS" --topic bench --count "$COUNT" --partitions "$PARTITIONS" --window 10000 >/dev/null
 "$JSC" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --preload "$COUNT" --subject bench.in
 
-# Runs Sluice on $work/sluice.yaml until `series` on /metrics reaches $COUNT; prints
-# "rate sluice-cpu% broker-cpu%" (broker: the pid in $2).
-run_sluice() {
-  local series=$1 bpid=$2
-  RUST_LOG=warn $SERVER_PIN target/release/sluice run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/sluice.err" & local sp=$!
-  local out
-  out=$(python3 - "$ADMIN" "$series" "$COUNT" "$sp" "$bpid" "$(getconf CLK_TCK)" <<'PY'
-import sys, time, urllib.request
-port, series, count, sp, bp, tck = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6])
-def cpu(pid):
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / tck
-def value():
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read().decode()
-    except Exception:
-        return None
-    for line in text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[1])
-    return 0.0
-deadline = time.time() + 600
-first = None
-while time.time() < deadline:
-    v = value()
-    now = time.time()
-    if v and first is None:
-        first = (now, v, cpu(sp), cpu(bp))
-    if v is not None and v >= count:
-        t0, v0, s0, b0 = first
-        secs = now - t0
-        if secs < 1:
-            sys.exit(f"sluice read all {count} records before the second sample: raise COUNT")
-        print(f"{(v - v0) / secs:.0f} {100 * (cpu(sp) - s0) / secs:.0f} {100 * (cpu(bp) - b0) / secs:.0f}")
-        break
-    time.sleep(0.02)
-else:
-    print("0 0 0")
-PY
-)
-  kill -TERM $sp; wait $sp 2>/dev/null || true
-  echo "$out"
-}
-
-# Runs a raw loop (the command in "$@") on CPU 0; prints "rate loop-cpu% broker-cpu%".
-run_raw() {
-  local bpid=$1; shift
-  local b0 t0; b0=$(cpu_of $bpid); t0=$(date +%s.%N)
-  local rate; rate=$($SERVER_PIN /usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$@")
-  local secs; secs=$(python3 -c "import time; print(time.time() - $t0)")
-  echo "$rate $(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' "$work/raw.time") $(cpu_pct "$b0" "$(cpu_of $bpid)" "$secs")"
-}
-
 ka_raw=""; ka_sl=""; js_raw=""; js_sl=""; rl_bound=""; rl_sl=""
 for r in $(seq 1 "$ROUNDS"); do
   tag="$(date +%s)-$r"

@@ -1,6 +1,8 @@
 //! `kind: mqtt` source: subscriptions acknowledged after delivery, in arrival order.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -153,7 +155,9 @@ impl SourceConfig for MqttSourceConfig {
             )
             .map_err(err)?;
             opts.set_manual_acks(true);
-            let capacity = self.max_in_flight * 2 + 64;
+            // Acknowledgements never wait for room: there are at most as many as messages not
+            // yet acknowledged, and the packet id space bounds those (65535).
+            let capacity = 65_535 + 64;
             let (client, mut eventloop) = AsyncClient::new(opts.clone(), capacity);
             let filters: Vec<SubscribeFilter> = self
                 .topics
@@ -323,12 +327,26 @@ impl MqttSource {
         early: Vec<Publish>,
         ctx: SourceContext,
     ) -> Result<(), ConnectorError> {
-        let (tx, mut rx) = mpsc::channel::<Arrival>((self.cfg.max_in_flight + early.len()).max(16));
+        // Unbounded, because the connection task must never wait on it (it also writes the
+        // acknowledgements): QoS 1/2 messages are bounded by the packet id space and the broker's
+        // in-flight limit, QoS 0 ones by `queued0` (past max_in_flight they are dropped).
+        let (tx, mut rx) = mpsc::unbounded_channel::<Arrival>();
+        let queued0 = Arc::new(AtomicUsize::new(0));
         for p in early {
-            let _ = tx.try_send(Arrival::Publish(p, 0));
+            if p.qos == QoS::AtMostOnce {
+                queued0.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = tx.send(Arrival::Publish(p, 0));
         }
         let filters = link.filters.clone();
-        let pump = tokio::spawn(pump(eventloop, link, tx, self.name.clone()));
+        let pump = tokio::spawn(pump(
+            eventloop,
+            link,
+            tx,
+            queued0.clone(),
+            self.cfg.max_in_flight,
+            self.name.clone(),
+        ));
         let mut window: InFlight<u64> =
             InFlight::new(self.cfg.max_in_flight, Duration::from_secs(3600));
         // Room for the window and as many again settled behind an unsettled one.
@@ -409,6 +427,9 @@ impl MqttSource {
                             client = c;
                         }
                         Some(Arrival::Publish(p, g)) => {
+                            if p.qos == QoS::AtMostOnce {
+                                queued0.fetch_sub(1, Ordering::Relaxed);
+                            }
                             if p.dup {
                                 self.telemetry.redeliveries.increment(1);
                             }
@@ -540,7 +561,14 @@ impl MqttSource {
 /// Drives the connection: forwards messages; when it drops, opens a new one with a fresh client
 /// (so that no acknowledgement queued for the old connection reaches the new one) after a
 /// backoff, and subscribes again when the broker kept no session.
-async fn pump(mut eventloop: EventLoop, link: Link, tx: mpsc::Sender<Arrival>, name: String) {
+async fn pump(
+    mut eventloop: EventLoop,
+    link: Link,
+    tx: mpsc::UnboundedSender<Arrival>,
+    queued0: Arc<AtomicUsize>,
+    limit0: usize,
+    name: String,
+) {
     let dropped =
         metrics::counter!(EVENTS_DROPPED, "source" => name.clone(), "reason" => "slow_consumer");
     let mut generation = 0u64;
@@ -557,10 +585,13 @@ async fn pump(mut eventloop: EventLoop, link: Link, tx: mpsc::Sender<Arrival>, n
                 Ok(MqttEvent::Incoming(Packet::Publish(p))) => {
                     attempts = 0;
                     if p.qos == QoS::AtMostOnce {
-                        if tx.try_send(Arrival::Publish(p, generation)).is_err() {
+                        if queued0.load(Ordering::Relaxed) >= limit0 {
                             dropped.increment(1);
+                            continue;
                         }
-                    } else if tx.send(Arrival::Publish(p, generation)).await.is_err() {
+                        queued0.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if tx.send(Arrival::Publish(p, generation)).is_err() {
                         return;
                     }
                 }
@@ -590,15 +621,14 @@ async fn pump(mut eventloop: EventLoop, link: Link, tx: mpsc::Sender<Arrival>, n
             match connected {
                 Ok(Ok(_)) => {
                     generation += 1;
-                    if tx
-                        .send(Arrival::Connected(generation, client))
-                        .await
-                        .is_err()
-                    {
+                    if tx.send(Arrival::Connected(generation, client)).is_err() {
                         return;
                     }
                     for p in early {
-                        if tx.send(Arrival::Publish(p, generation)).await.is_err() {
+                        if p.qos == QoS::AtMostOnce {
+                            queued0.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if tx.send(Arrival::Publish(p, generation)).is_err() {
                             return;
                         }
                     }

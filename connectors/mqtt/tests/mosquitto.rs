@@ -356,3 +356,47 @@ fn bad_config_is_refused_with_a_reason() {
     let c: MqttSinkConfig = serde_json::from_value(json!({"topic": "a/+"})).unwrap();
     assert!(c.validate("s").unwrap_err().contains("wildcards"));
 }
+
+#[tokio::test]
+async fn a_backlog_far_larger_than_the_window_flows_through() {
+    // The broker sends up to its in-flight limit (1000) at once into a window of 50: the
+    // connection task must keep going (it also writes the acknowledgements) while the source
+    // holds back.
+    let dir = tempfile::tempdir().unwrap();
+    let broker = spawn_mosquitto(dir.path(), None);
+    let url = format!("mqtt://127.0.0.1:{}", broker.port);
+    let cfg =
+        json!({"url": url, "topics": ["b/#"], "client_id": "sluice-backlog", "max_in_flight": 50});
+    // The session exists (subscribed once), then 3000 messages wait in it.
+    let (rig0, task0) = start_source("mqtt-backlog-0", cfg.clone()).await;
+    rig0.shutdown.cancel();
+    task0.await.unwrap().unwrap();
+    let mut p = peer(broker.port).await;
+    for i in 0..3000 {
+        p.client
+            .publish("b/x", QoS::AtLeastOnce, false, format!("{i}"))
+            .await
+            .unwrap();
+    }
+    for _ in 0..3000 {
+        tokio::time::timeout(Duration::from_secs(20), p.acks.recv())
+            .await
+            .expect("PUBACK")
+            .unwrap();
+    }
+    let (mut rig, _task) = start_source("mqtt-backlog", cfg).await;
+    let got = rig.capture().auto(Status::Delivered);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let seen: BTreeSet<String> = got.events().iter().map(body).collect();
+        if seen.len() == 3000 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of 3000 delivered",
+            seen.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Broker connectors against raw client loops, in one run (issue 14's goals):
+#   sources → null  vs  a raw consume loop with the same acknowledgement discipline   goal ≥ 0.8
+#     R. redis-streams: XREADGROUP (COUNT 500) + XACK of what was read
+#     A. amqp: basic.consume, prefetch 500, basic.ack after each message
+#     M. mqtt: QoS 1 subscription, PUBACK after each message (manual acks)
+#   webhook → sink  vs  a raw publish loop that waits for the broker's confirmation  goal ≥ 0.7
+#     R. redis-streams: pipelined XADD MAXLEN ~ (500 per round trip)
+#     A. amqp: publisher confirms, 1000 in flight, persistent, mandatory
+#     M. mqtt: QoS 1, PUBACK = done, 100 in flight
+# 1 KiB messages. Sluice (one worker thread) and the raw loops on CPU 0; redis-server, mosquitto
+# and wrk on CPU 1 (PIN=1). RabbitMQ is the machine's own broker (not pinned; its beam.smp CPU is
+# shown). Sluice's source rates come from its /metrics between the first delivered event and the
+# last; the raw loops time themselves; webhook → sink rates are wrk's (every request one event,
+# `ack: delivered`: answered after the sink's confirmation; non-2xx must be 0).
+#
+#   benches/brokers.sh        # COUNT=100000 ROUNDS=3 DURATION=8 CONNS=256
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. benches/lib.sh
+COUNT=${COUNT:-100000}
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-8}
+CONNS=${CONNS:-256}
+REDIS_PORT=16380
+MQTT_PORT=11884
+AMQP=${AMQP:-amqp://guest:guest@127.0.0.1:5672/%2f}
+ADMIN=17782
+PORT=18093
+pin_setup
+prepare
+LOOPS=$(bench_exe broker_loops)
+
+work=$(mktemp -d)
+chmod 777 "$work"
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+$BUS_PIN redis-server --port $REDIS_PORT --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & rpid=$!
+printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\nmax_inflight_messages 1000\nmax_queued_messages 10000000\n' $MQTT_PORT > "$work/mosquitto.conf"
+$BUS_PIN /usr/sbin/mosquitto -c "$work/mosquitto.conf" >/dev/null 2>&1 & mpid=$!
+wait_port $REDIS_PORT; wait_port $MQTT_PORT
+apid=$(pgrep -f beam.smp | head -1) || { echo "RabbitMQ is not running on this machine (scripts/test.sh starts it)" >&2; exit 1; }
+make_load "$work" 1
+
+ratio() { python3 -c "print(f'{$2/$1:.2f}' if float($1) > 0 else 'n/a')"; }
+declare -A RAW SL
+
+echo "preloading $COUNT messages of 1 KiB into Redis ..."
+"$LOOPS" redis-preload --url redis://127.0.0.1:$REDIS_PORT --stream bench --count "$COUNT"
+
+for r in $(seq 1 "$ROUNDS"); do
+  tag="$(date +%s)$r"
+  # R source
+  read -r raw raw_cpu raw_b <<<"$(run_raw $rpid "$LOOPS" redis-consume --url redis://127.0.0.1:$REDIS_PORT --stream bench --group "raw$tag" --count "$COUNT" --window 1000)"
+  cat > "$work/sluice.yaml" <<YAML
+admin: { listen: 127.0.0.1:$ADMIN }
+sources:
+  in: { kind: redis-streams, url: "redis://127.0.0.1:$REDIS_PORT", streams: [bench], group: "sl$tag", max_in_flight: 1000 }
+sinks:
+  out: { kind: "null" }
+routes:
+  - { from: [in], to: [out] }
+YAML
+  read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $rpid)"
+  echo "round $r R source: raw XREADGROUP+XACK $raw msg/s (loop $raw_cpu %, redis $raw_b %) | sluice redis-streams → null $sl ev/s (sluice $sl_cpu %, redis $sl_b %) = $(ratio "$raw" "$sl")"
+  RAW[rs]+="$raw "; SL[rs]+="$sl "
+
+  # A source: two queues preloaded, one for each side.
+  for q in "raw$tag" "sl$tag"; do "$LOOPS" amqp-preload --url "$AMQP" --queue "$q" --count "$COUNT"; done
+  read -r raw raw_cpu raw_b <<<"$(run_raw $apid "$LOOPS" amqp-consume --url "$AMQP" --queue "raw$tag" --count "$COUNT" --prefetch 500)"
+  cat > "$work/sluice.yaml" <<YAML
+admin: { listen: 127.0.0.1:$ADMIN }
+sources:
+  in: { kind: amqp, url: "$AMQP", queue: "sl$tag", prefetch: 500 }
+sinks:
+  out: { kind: "null" }
+routes:
+  - { from: [in], to: [out] }
+YAML
+  read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $apid)"
+  for q in "raw$tag" "sl$tag"; do "$LOOPS" amqp-delete --url "$AMQP" --queue "$q"; done
+  echo "round $r A source: raw consume+ack $raw msg/s (loop $raw_cpu %, rabbitmq $raw_b %) | sluice amqp → null $sl ev/s (sluice $sl_cpu %, rabbitmq $sl_b %) = $(ratio "$raw" "$sl")"
+  RAW[am]+="$raw "; SL[am]+="$sl "
+
+  # M source: two persistent sessions subscribed, then the backlog published to both.
+  for c in "raw$tag" "sl$tag"; do "$LOOPS" mqtt-session --port $MQTT_PORT --topic bench/t --client-id "$c"; done
+  "$LOOPS" mqtt-preload --port $MQTT_PORT --topic bench/t --count "$COUNT" --inflight 1000
+  read -r raw raw_cpu raw_b <<<"$(run_raw $mpid "$LOOPS" mqtt-consume --port $MQTT_PORT --topic bench/t --client-id "raw$tag" --count "$COUNT")"
+  cat > "$work/sluice.yaml" <<YAML
+admin: { listen: 127.0.0.1:$ADMIN }
+sources:
+  in: { kind: mqtt, url: "mqtt://127.0.0.1:$MQTT_PORT", topics: [bench/t], qos: 1, client_id: "sl$tag", max_in_flight: 1000 }
+sinks:
+  out: { kind: "null" }
+routes:
+  - { from: [in], to: [out] }
+YAML
+  read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $mpid)"
+  echo "round $r M source: raw QoS1 consume $raw msg/s (loop $raw_cpu %, mosquitto $raw_b %) | sluice mqtt → null $sl ev/s (sluice $sl_cpu %, mosquitto $sl_b %) = $(ratio "$raw" "$sl")"
+  RAW[mq]+="$raw "; SL[mq]+="$sl "
+done
+
+# Sinks: webhook → sink against the raw publish loops.
+sink_round() { # name raw-command... ; the sink config is in $work/sink.yaml
+  local key=$1; shift
+  local b0 t0; b0=$(cpu_of "$BPID"); t0=$(date +%s.%N)
+  local raw; raw=$($SERVER_PIN /usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$@")
+  local raw_cpu; raw_cpu=$(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' "$work/raw.time")
+  local raw_b; raw_b=$(cpu_pct "$b0" "$(cpu_of "$BPID")" "$(python3 -c "import time; print(time.time() - $t0)")")
+  { printf 'admin: { enabled: false }\nsources:\n  hooks: { kind: webhook, listen: 127.0.0.1:%s, path: /, ack: delivered }\nsinks:\n' $PORT; cat "$work/sink.yaml"; printf 'routes:\n  - { from: [hooks], to: [out] }\n'; } > "$work/sluice.yaml"
+  start_sluice_on $PORT
+  local s0 b1 t1; s0=$(cpu_of $spid); b1=$(cpu_of "$BPID"); t1=$(date +%s.%N)
+  read -r rps non2xx _ wrk_cpu <<<"$(run_wrk $PORT)"
+  local secs; secs=$(python3 -c "import time; print(time.time() - $t1)")
+  local sl_cpu sl_b; sl_cpu=$(cpu_pct "$s0" "$(cpu_of $spid)" "$secs"); sl_b=$(cpu_pct "$b1" "$(cpu_of "$BPID")" "$secs")
+  kill -TERM $spid; wait $spid 2>/dev/null || true
+  echo "  $key: raw $raw msg/s (loop $raw_cpu %, broker $raw_b %) | sluice webhook → sink ${rps%.*} ev/s (sluice $sl_cpu %, broker $sl_b %, wrk $wrk_cpu %, non-2xx $non2xx) = $(ratio "$raw" "$rps")"
+  RAW[$key]+="$raw "; SL[$key]+="${rps%.*} "
+}
+for r in $(seq 1 "$ROUNDS"); do
+  echo "round $r sinks:"
+  BPID=$rpid
+  printf '  out: { kind: redis-streams, url: "redis://127.0.0.1:%s", stream: out, maxlen: "~1000000" }\n' $REDIS_PORT > "$work/sink.yaml"
+  sink_round "redis-sink" "$LOOPS" redis-publish --url redis://127.0.0.1:$REDIS_PORT --stream out --seconds "$DURATION" --batch 500
+  BPID=$apid
+  "$LOOPS" amqp-preload --url "$AMQP" --queue bench-out --count 0
+  printf '  out: { kind: amqp, url: "%s", exchange: "", routing_key: bench-out, max_in_flight: 1000 }\n' "$AMQP" > "$work/sink.yaml"
+  sink_round "amqp-sink" "$LOOPS" amqp-publish --url "$AMQP" --exchange "" --key bench-out --seconds "$DURATION" --window 1000
+  "$LOOPS" amqp-delete --url "$AMQP" --queue bench-out
+  BPID=$mpid
+  printf '  out: { kind: mqtt, url: "mqtt://127.0.0.1:%s", topic: bench/out, qos: 1, max_in_flight: 100 }\n' $MQTT_PORT > "$work/sink.yaml"
+  sink_round "mqtt-sink" "$LOOPS" mqtt-publish --port $MQTT_PORT --topic bench/out --seconds "$DURATION" --inflight 100
+done
+
+echo
+echo "medians of the paired ratios (Sluice / raw):"
+for k in rs am mq redis-sink amqp-sink mqtt-sink; do
+  python3 - "$k" "${RAW[$k]}" "${SL[$k]}" <<'PY'
+import statistics, sys
+k, raw, sl = sys.argv[1], [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
+print(f"  {k:11s} {statistics.median(s / r for r, s in zip(raw, sl) if r > 0):.2f}   (raw median {statistics.median(raw):.0f}/s, sluice median {statistics.median(sl):.0f}/s)")
+PY
+done
