@@ -10,6 +10,7 @@
 //! broker_loops amqp-publish   --url U --exchange X --key K --seconds T --window W  confirms
 //! broker_loops amqp-delete    --url U --queue Q
 //! broker_loops mqtt-session   --port P --topic T --client-id C                     persistent session
+//! broker_loops mqtt-clear     --port P --client-id C                               ends that session
 //! broker_loops mqtt-preload   --port P --topic T --count N
 //! broker_loops mqtt-consume   --port P --topic T --client-id C --count N           QoS 1, PUBACK after each
 //! broker_loops mqtt-publish   --port P --topic T --seconds T --inflight I          QoS 1, PUBACK = done
@@ -261,21 +262,34 @@ fn main() {
                     }
                 }
             }
-            "mqtt-session" | "mqtt-preload" | "mqtt-consume" | "mqtt-publish" => {
+            "mqtt-session" | "mqtt-clear" | "mqtt-preload" | "mqtt-consume" | "mqtt-publish" => {
                 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
                 let port = num("--port", 1883) as u16;
-                let topic = arg("--topic").expect("--topic");
+                let topic = arg("--topic").unwrap_or_default();
                 let id =
                     arg("--client-id").unwrap_or_else(|| format!("bench-{}", std::process::id()));
                 let mut o = MqttOptions::new(id, "127.0.0.1", port);
                 o.set_keep_alive(Duration::from_secs(30));
-                o.set_clean_session(matches!(cmd.as_str(), "mqtt-preload" | "mqtt-publish"));
+                o.set_clean_session(matches!(
+                    cmd.as_str(),
+                    "mqtt-preload" | "mqtt-publish" | "mqtt-clear"
+                ));
                 o.set_manual_acks(cmd == "mqtt-consume");
                 o.set_inflight(num("--inflight", 100) as u16);
                 o.set_max_packet_size(1 << 20, 1 << 20);
                 let (client, mut el) = AsyncClient::new(o, 10_000);
                 let body = payload();
                 match cmd.as_str() {
+                    "mqtt-clear" => {
+                        // A clean-session connect discards the stored session.
+                        loop {
+                            if let Event::Incoming(Packet::ConnAck(_)) = el.poll().await.unwrap() {
+                                break;
+                            }
+                        }
+                        client.disconnect().await.unwrap();
+                        while el.poll().await.is_ok() {}
+                    }
                     "mqtt-session" => {
                         client.subscribe(&topic, QoS::AtLeastOnce).await.unwrap();
                         loop {

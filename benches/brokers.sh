@@ -14,14 +14,24 @@
 # last; the raw loops time themselves; webhook → sink rates are wrk's (every request one event,
 # `ack: delivered`: answered after the sink's confirmation; non-2xx must be 0).
 #
-#   benches/brokers.sh        # COUNT=100000 ROUNDS=3 DURATION=8 CONNS=256
+# Counts per broker are sized so that each side runs for seconds (Sluice's rate needs two
+# samples of its /metrics): RCOUNT Redis entries, ACOUNT RabbitMQ messages, MCOUNT MQTT messages.
+# (The raw MQTT loop is bounded by a 120 s timeout: with a 300 000-message backlog it was seen to
+# stall once, in the raw loop, not in Sluice; 200 000 has not.)
+#
+#   benches/brokers.sh        # RCOUNT=400000 ACOUNT=100000 MCOUNT=200000 ROUNDS=3 DURATION=8 CONNS=256 AMQP_CONNS=1000
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/lib.sh
-COUNT=${COUNT:-100000}
+RCOUNT=${RCOUNT:-400000}
+ACOUNT=${ACOUNT:-100000}
+MCOUNT=${MCOUNT:-200000}
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-8}
 CONNS=${CONNS:-256}
+# The AMQP sink's confirms take tens of milliseconds under load: as many requests in flight as the
+# raw loop keeps publishes in flight (1000), or the load, not the sink, sets the rate.
+AMQP_CONNS=${AMQP_CONNS:-1000}
 REDIS_PORT=16380
 MQTT_PORT=11884
 AMQP=${AMQP:-amqp://guest:guest@127.0.0.1:5672/%2f}
@@ -41,16 +51,16 @@ wait_port $REDIS_PORT; wait_port $MQTT_PORT
 apid=$(pgrep -f beam.smp | head -1) || { echo "RabbitMQ is not running on this machine (scripts/test.sh starts it)" >&2; exit 1; }
 make_load "$work" 1
 
-ratio() { python3 -c "print(f'{$2/$1:.2f}' if float($1) > 0 else 'n/a')"; }
+ratio() { python3 -c "import sys; r, s = (float(x or 0) for x in sys.argv[1:]); print(f'{s / r:.2f}' if r > 0 else 'n/a')" "$1" "$2"; }
 declare -A RAW SL
 
-echo "preloading $COUNT messages of 1 KiB into Redis ..."
-"$LOOPS" redis-preload --url redis://127.0.0.1:$REDIS_PORT --stream bench --count "$COUNT"
+echo "preloading $RCOUNT messages of 1 KiB into Redis ..."
+"$LOOPS" redis-preload --url redis://127.0.0.1:$REDIS_PORT --stream bench --count "$RCOUNT"
 
 for r in $(seq 1 "$ROUNDS"); do
   tag="$(date +%s)$r"
   # R source
-  read -r raw raw_cpu raw_b <<<"$(run_raw $rpid "$LOOPS" redis-consume --url redis://127.0.0.1:$REDIS_PORT --stream bench --group "raw$tag" --count "$COUNT" --window 1000)"
+  read -r raw raw_cpu raw_b <<<"$(run_raw $rpid "$LOOPS" redis-consume --url redis://127.0.0.1:$REDIS_PORT --stream bench --group "raw$tag" --count "$RCOUNT" --window 1000)"
   cat > "$work/sluice.yaml" <<YAML
 admin: { listen: 127.0.0.1:$ADMIN }
 sources:
@@ -60,13 +70,13 @@ sinks:
 routes:
   - { from: [in], to: [out] }
 YAML
-  read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $rpid)"
+  read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $rpid "$RCOUNT")"
   echo "round $r R source: raw XREADGROUP+XACK $raw msg/s (loop $raw_cpu %, redis $raw_b %) | sluice redis-streams → null $sl ev/s (sluice $sl_cpu %, redis $sl_b %) = $(ratio "$raw" "$sl")"
   RAW[rs]+="$raw "; SL[rs]+="$sl "
 
   # A source: two queues preloaded, one for each side.
-  for q in "raw$tag" "sl$tag"; do "$LOOPS" amqp-preload --url "$AMQP" --queue "$q" --count "$COUNT"; done
-  read -r raw raw_cpu raw_b <<<"$(run_raw $apid "$LOOPS" amqp-consume --url "$AMQP" --queue "raw$tag" --count "$COUNT" --prefetch 500)"
+  for q in "raw$tag" "sl$tag"; do "$LOOPS" amqp-preload --url "$AMQP" --queue "$q" --count "$ACOUNT"; done
+  read -r raw raw_cpu raw_b <<<"$(run_raw $apid "$LOOPS" amqp-consume --url "$AMQP" --queue "raw$tag" --count "$ACOUNT" --prefetch 500)"
   cat > "$work/sluice.yaml" <<YAML
 admin: { listen: 127.0.0.1:$ADMIN }
 sources:
@@ -76,15 +86,15 @@ sinks:
 routes:
   - { from: [in], to: [out] }
 YAML
-  read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $apid)"
+  read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $apid "$ACOUNT")"
   for q in "raw$tag" "sl$tag"; do "$LOOPS" amqp-delete --url "$AMQP" --queue "$q"; done
   echo "round $r A source: raw consume+ack $raw msg/s (loop $raw_cpu %, rabbitmq $raw_b %) | sluice amqp → null $sl ev/s (sluice $sl_cpu %, rabbitmq $sl_b %) = $(ratio "$raw" "$sl")"
   RAW[am]+="$raw "; SL[am]+="$sl "
 
   # M source: two persistent sessions subscribed, then the backlog published to both.
   for c in "raw$tag" "sl$tag"; do "$LOOPS" mqtt-session --port $MQTT_PORT --topic bench/t --client-id "$c"; done
-  "$LOOPS" mqtt-preload --port $MQTT_PORT --topic bench/t --count "$COUNT" --inflight 1000
-  read -r raw raw_cpu raw_b <<<"$(run_raw $mpid "$LOOPS" mqtt-consume --port $MQTT_PORT --topic bench/t --client-id "raw$tag" --count "$COUNT")"
+  "$LOOPS" mqtt-preload --port $MQTT_PORT --topic bench/t --count "$MCOUNT" --inflight 1000
+  read -r raw raw_cpu raw_b <<<"$(run_raw $mpid timeout 120 "$LOOPS" mqtt-consume --port $MQTT_PORT --topic bench/t --client-id "raw$tag" --count "$MCOUNT")"
   cat > "$work/sluice.yaml" <<YAML
 admin: { listen: 127.0.0.1:$ADMIN }
 sources:
@@ -94,8 +104,9 @@ sinks:
 routes:
   - { from: [in], to: [out] }
 YAML
-  read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $mpid)"
+  read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $mpid "$MCOUNT")"
   echo "round $r M source: raw QoS1 consume $raw msg/s (loop $raw_cpu %, mosquitto $raw_b %) | sluice mqtt → null $sl ev/s (sluice $sl_cpu %, mosquitto $sl_b %) = $(ratio "$raw" "$sl")"
+  for c in "raw$tag" "sl$tag"; do "$LOOPS" mqtt-clear --port $MQTT_PORT --client-id "$c"; done
   RAW[mq]+="$raw "; SL[mq]+="$sl "
 done
 
@@ -109,7 +120,7 @@ sink_round() { # name raw-command... ; the sink config is in $work/sink.yaml
   { printf 'admin: { enabled: false }\nsources:\n  hooks: { kind: webhook, listen: 127.0.0.1:%s, path: /, ack: delivered }\nsinks:\n' $PORT; cat "$work/sink.yaml"; printf 'routes:\n  - { from: [hooks], to: [out] }\n'; } > "$work/sluice.yaml"
   start_sluice_on $PORT
   local s0 b1 t1; s0=$(cpu_of $spid); b1=$(cpu_of "$BPID"); t1=$(date +%s.%N)
-  read -r rps non2xx _ wrk_cpu <<<"$(run_wrk $PORT)"
+  read -r rps non2xx _ wrk_cpu <<<"$(run_wrk $PORT "${SINK_CONNS:-$CONNS}")"
   local secs; secs=$(python3 -c "import time; print(time.time() - $t1)")
   local sl_cpu sl_b; sl_cpu=$(cpu_pct "$s0" "$(cpu_of $spid)" "$secs"); sl_b=$(cpu_pct "$b1" "$(cpu_of "$BPID")" "$secs")
   kill -TERM $spid; wait $spid 2>/dev/null || true
@@ -124,7 +135,7 @@ for r in $(seq 1 "$ROUNDS"); do
   BPID=$apid
   "$LOOPS" amqp-preload --url "$AMQP" --queue bench-out --count 0
   printf '  out: { kind: amqp, url: "%s", exchange: "", routing_key: bench-out, max_in_flight: 1000 }\n' "$AMQP" > "$work/sink.yaml"
-  sink_round "amqp-sink" "$LOOPS" amqp-publish --url "$AMQP" --exchange "" --key bench-out --seconds "$DURATION" --window 1000
+  SINK_CONNS=$AMQP_CONNS sink_round "amqp-sink" "$LOOPS" amqp-publish --url "$AMQP" --exchange "" --key bench-out --seconds "$DURATION" --window 1000
   "$LOOPS" amqp-delete --url "$AMQP" --queue bench-out
   BPID=$mpid
   printf '  out: { kind: mqtt, url: "mqtt://127.0.0.1:%s", topic: bench/out, qos: 1, max_in_flight: 100 }\n' $MQTT_PORT > "$work/sink.yaml"

@@ -273,7 +273,7 @@ pub fn kinds() -> Vec<Kind> {
         #[cfg(feature = "mqtt")]
         source::<sluice_mqtt::MqttSourceConfig>(
             "mqtt",
-            "MQTT 3.1.1 subscriptions: QoS 1/2 acknowledged after delivery in arrival order, persistent sessions, structured CloudEvents",
+            "MQTT 3.1.1 subscriptions: QoS 1 acknowledged after delivery in arrival order, persistent sessions, structured CloudEvents",
         ),
         #[cfg(feature = "mqtt")]
         sink::<sluice_mqtt::MqttSinkConfig>(

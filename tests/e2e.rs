@@ -1448,3 +1448,154 @@ async fn provider_libraries_signatures_verify() {
         "refused requests reached the sink: {rest:?}"
     );
 }
+
+/// The `data` fields of every entry of a Redis stream.
+async fn redis_stream_data(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<String> {
+    let reply: redis::streams::StreamRangeReply =
+        redis::AsyncCommands::xrange_all(c, key).await.unwrap();
+    reply
+        .ids
+        .iter()
+        .filter_map(|e| {
+            e.map
+                .get("data")
+                .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+        })
+        .collect()
+}
+
+/// RabbitMQ, MQTT and Redis Streams sources relaying into Redis Streams through the binary, killed
+/// with SIGKILL while messages are in flight and started again: every message arrives.
+#[tokio::test]
+async fn broker_sources_survive_kill_9() {
+    const N: usize = 400;
+    let tag = uuid::Uuid::now_v7().simple().to_string();
+    let queue = format!("e2e-{tag}");
+    let topic = format!("e2e/{tag}");
+    let stream = format!("e2e-in-{tag}");
+    let redis_client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    let mut rc = redis_client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis on 127.0.0.1:6379 (scripts/test.sh starts it)");
+    let amqp = lapin::Connection::connect(
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        lapin::ConnectionProperties::default(),
+    )
+    .await
+    .expect("RabbitMQ on 127.0.0.1:5672 (scripts/test.sh starts it)");
+    let ch = amqp.create_channel().await.unwrap();
+    let mut mo = rumqttc::MqttOptions::new(format!("e2e-pub-{tag}"), "127.0.0.1", 1883);
+    mo.set_inflight(50);
+    let (mqtt, mut mqtt_loop) = rumqttc::AsyncClient::new(mo, 1000);
+    tokio::spawn(async move {
+        loop {
+            if mqtt_loop.poll().await.is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "sources:\n  rabbit: {{ kind: amqp, queue: \"{queue}\", prefetch: 20, declare: {{ queue: {{ durable: true }} }} }}\n  devices: {{ kind: mqtt, topics: [\"{topic}/#\"], client_id: \"e2e-{tag}\", max_in_flight: 20 }}\n  stream: {{ kind: redis-streams, streams: [\"{stream}\"], group: g, consumer: c1, max_in_flight: 20 }}\nsinks:\n  out: {{ kind: redis-streams, stream: \"e2e-out-{tag}-{{source}}\", batch: 10 }}\nroutes:\n  - {{ from: [rabbit, devices, stream], to: [out] }}\n"
+    );
+    let mut d = Daemon::start_with(dir.path(), &body);
+    d.wait_ready().await;
+    // Messages go in all along, across the kill and the restart.
+    let publish = |i: usize| {
+        let (ch, mqtt, redis_client, queue, topic, stream) = (
+            ch.clone(),
+            mqtt.clone(),
+            redis_client.clone(),
+            queue.clone(),
+            topic.clone(),
+            stream.clone(),
+        );
+        async move {
+            let body = format!("{{\"i\":{i}}}");
+            ch.basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                Default::default(),
+                body.as_bytes(),
+                lapin::BasicProperties::default()
+                    .with_message_id(format!("m-{i}").into())
+                    .with_delivery_mode(2),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+            mqtt.publish(
+                format!("{topic}/x"),
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                body.clone(),
+            )
+            .await
+            .unwrap();
+            let mut c = redis_client
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let _: String =
+                redis::AsyncCommands::xadd(&mut c, &stream, "*", &[("data", body.as_str())])
+                    .await
+                    .unwrap();
+        }
+    };
+    for i in 0..N / 2 {
+        publish(i).await;
+    }
+    let _ = d.child.kill(); // SIGKILL: no drain, no acknowledgement of what is in flight
+    let _ = d.child.wait();
+    let mut relayed_at_kill = 0;
+    for source in ["rabbit", "devices", "stream"] {
+        relayed_at_kill += redis_stream_data(&mut rc, &format!("e2e-out-{tag}-{source}"))
+            .await
+            .len();
+    }
+    assert!(
+        relayed_at_kill < 3 * N / 2,
+        "the kill came after everything was relayed: it tests nothing"
+    );
+    for i in N / 2..N {
+        publish(i).await;
+    }
+    let dir2 = tempfile::tempdir().unwrap();
+    let mut d2 = Daemon::start_with(dir2.path(), &body);
+    d2.wait_ready().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for source in ["rabbit", "devices", "stream"] {
+        // A plain stream entry's event data is the JSON object of its fields.
+        let want: std::collections::BTreeSet<String> = (0..N)
+            .map(|i| {
+                let body = format!("{{\"i\":{i}}}");
+                match source {
+                    "stream" => serde_json::json!({ "data": body }).to_string(),
+                    _ => body,
+                }
+            })
+            .collect();
+        let key = format!("e2e-out-{tag}-{source}");
+        loop {
+            let got: std::collections::BTreeSet<String> =
+                redis_stream_data(&mut rc, &key).await.into_iter().collect();
+            if got == want {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{source}: {} of {N} messages relayed after the restart; missing e.g. {:?}; log:\n{}",
+                got.len(),
+                want.difference(&got).next(),
+                d2.stderr_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert!(d2.stop().success());
+    let _ = ch
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await;
+}
