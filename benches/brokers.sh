@@ -32,6 +32,10 @@ CONNS=${CONNS:-256}
 # The AMQP sink's confirms take tens of milliseconds under load: as many requests in flight as the
 # raw loop keeps publishes in flight (1000), or the load, not the sink, sets the rate.
 AMQP_CONNS=${AMQP_CONNS:-1000}
+# PARTS: which halves run; BATCH=N > 1 sends each webhook request as a CloudEvents batch of N
+# events (the sink rounds then count N events per request).
+PARTS=${PARTS:-"sources sinks"}
+BATCH=${BATCH:-1}
 REDIS_PORT=16380
 MQTT_PORT=11884
 AMQP=${AMQP:-amqp://guest:guest@127.0.0.1:5672/%2f}
@@ -49,15 +53,18 @@ printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\nmax_infl
 $BUS_PIN /usr/sbin/mosquitto -c "$work/mosquitto.conf" >/dev/null 2>&1 & mpid=$!
 wait_port $REDIS_PORT; wait_port $MQTT_PORT
 apid=$(pgrep -f beam.smp | head -1) || { echo "RabbitMQ is not running on this machine (scripts/test.sh starts it)" >&2; exit 1; }
-make_load "$work" 1
+make_load "$work" "$BATCH"
 
 ratio() { python3 -c "import sys; r, s = (float(x or 0) for x in sys.argv[1:]); print(f'{s / r:.2f}' if r > 0 else 'n/a')" "$1" "$2"; }
 declare -A RAW SL
 
+[[ " $PARTS " == *" sources "* ]] && {
 echo "preloading $RCOUNT messages of 1 KiB into Redis ..."
 "$LOOPS" redis-preload --url redis://127.0.0.1:$REDIS_PORT --stream bench --count "$RCOUNT"
+}
 
 for r in $(seq 1 "$ROUNDS"); do
+  [[ " $PARTS " == *" sources "* ]] || break
   tag="$(date +%s)$r"
   # R source
   read -r raw raw_cpu raw_b <<<"$(run_raw $rpid "$LOOPS" redis-consume --url redis://127.0.0.1:$REDIS_PORT --stream bench --group "raw$tag" --count "$RCOUNT" --window 1000)"
@@ -122,12 +129,14 @@ sink_round() { # name raw-command... ; the sink config is in $work/sink.yaml
   local s0 b1 t1; s0=$(cpu_of $spid); b1=$(cpu_of "$BPID"); t1=$(date +%s.%N)
   read -r rps non2xx _ wrk_cpu <<<"$(run_wrk $PORT "${SINK_CONNS:-$CONNS}")"
   local secs; secs=$(python3 -c "import time; print(time.time() - $t1)")
+  rps=$(python3 -c "print(round($rps * $BATCH))")
   local sl_cpu sl_b; sl_cpu=$(cpu_pct "$s0" "$(cpu_of $spid)" "$secs"); sl_b=$(cpu_pct "$b1" "$(cpu_of "$BPID")" "$secs")
   kill -TERM $spid; wait $spid 2>/dev/null || true
-  echo "  $key: raw $raw msg/s (loop $raw_cpu %, broker $raw_b %) | sluice webhook → sink ${rps%.*} ev/s (sluice $sl_cpu %, broker $sl_b %, wrk $wrk_cpu %, non-2xx $non2xx) = $(ratio "$raw" "$rps")"
+  echo "  $key: raw $raw msg/s (loop $raw_cpu %, broker $raw_b %) | sluice webhook → sink ${rps%.*} ev/s (batch $BATCH) (sluice $sl_cpu %, broker $sl_b %, wrk $wrk_cpu %, non-2xx $non2xx) = $(ratio "$raw" "$rps")"
   RAW[$key]+="$raw "; SL[$key]+="${rps%.*} "
 }
 for r in $(seq 1 "$ROUNDS"); do
+  [[ " $PARTS " == *" sinks "* ]] || break
   echo "round $r sinks:"
   BPID=$rpid
   printf '  out: { kind: redis-streams, url: "redis://127.0.0.1:%s", stream: out, maxlen: "~1000000" }\n' $REDIS_PORT > "$work/sink.yaml"
@@ -145,6 +154,7 @@ done
 echo
 echo "medians of the paired ratios (Sluice / raw):"
 for k in rs am mq redis-sink amqp-sink mqtt-sink; do
+  [ -n "${RAW[$k]:-}" ] || continue
   python3 - "$k" "${RAW[$k]}" "${SL[$k]}" <<'PY'
 import statistics, sys
 k, raw, sl = sys.argv[1], [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]

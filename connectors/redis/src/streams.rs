@@ -371,7 +371,9 @@ impl StreamsSource {
             // COUNT applies per stream: split the room, and leave half of the window for the
             // entries XAUTOCLAIM takes over while a read blocks.
             let per_stream = (room.min(self.window.div_ceil(2)) / n).max(1);
-            if !stopping && reading.is_none() && st.stalled.is_empty() && room > 0 {
+            // The room counts what is stalled too, so the next read overlaps handing the last one
+            // to the pipeline.
+            if !stopping && reading.is_none() && room > 0 {
                 if let Some(conn) = &reader {
                     reading_count = per_stream * n;
                     reading = Some(self.read(conn, &st.cursors, per_stream));
