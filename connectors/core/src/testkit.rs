@@ -426,6 +426,10 @@ pub fn pki() -> Pki {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    // A subject name, so that OpenSSL peers (mosquitto, redis) can match it as the issuer.
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "sluice test CA");
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
     let issue = |name: &str| {
         let key = KeyPair::generate().unwrap();

@@ -400,3 +400,62 @@ async fn a_backlog_far_larger_than_the_window_flows_through() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn tls_with_client_certificates_both_ways() {
+    use sluice_core::testkit::peers::spawn_server_on;
+    let pki = sluice_core::testkit::pki();
+    let dir = pki.dir.path().to_path_buf();
+    // mosquitto, started as root, drops to its own user: it must be able to read these.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for f in ["ca.pem", "server.pem", "server.key"] {
+            std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+    let d = dir.clone();
+    let broker = spawn_server_on("/usr/sbin/mosquitto", &dir, None, move |p| {
+        let conf = d.join(format!("tls-{p}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {p} 127.0.0.1\nallow_anonymous true\ncafile {0}/ca.pem\ncertfile {0}/server.pem\nkeyfile {0}/server.key\nrequire_certificate true\n",
+                d.display()
+            ),
+        )
+        .unwrap();
+        vec!["-c".into(), conf.display().to_string()]
+    });
+    let url = format!("mqtts://localhost:{}", broker.port);
+    let tls = json!({"ca": dir.join("ca.pem"), "cert": dir.join("client.pem"), "key": dir.join("client.key")});
+    let topic = unique("tls");
+    let (mut rig, _t) = start_source(
+        "mqtt-tls-src",
+        json!({"url": url, "topics": [topic], "client_id": unique("c"), "tls": tls}),
+    )
+    .await;
+    let sink = start_sink(
+        "mqtt-tls-sink",
+        json!({"url": url, "topic": topic, "tls": tls}),
+    )
+    .await;
+    let e = Event::new("tls-1", "/s", "t").with_json(&b"{\"secure\":true}"[..]);
+    assert!(sink.send(vec![e.clone()]).await.is_delivered());
+    assert_eq!(rig.capture().deliver_next().await, e);
+    // Without a client certificate the broker refuses the connection: a clear build error.
+    let cfg: MqttSourceConfig = serde_json::from_value(
+        json!({"url": url, "topics": [topic], "client_id": unique("c"), "tls": {"ca": dir.join("ca.pem")}}),
+    )
+    .unwrap();
+    let mut rig = SourceRig::new("mqtt-tls-nocert");
+    let err = Box::new(cfg)
+        .build(rig.context("mqtt-tls-nocert"))
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("mqtt source mqtt-tls-nocert"),
+        "{err}"
+    );
+}
