@@ -14,7 +14,7 @@ use serde_json::json;
 use sluice_amqp::{AmqpSinkConfig, AmqpSourceConfig};
 use sluice_core::testkit::peers::Relay;
 use sluice_core::testkit::{
-    assert_sink_telemetry, assert_source_telemetry, metric, SinkRig, SourceRig,
+    self, assert_sink_telemetry, assert_source_telemetry, metric, SinkRig, SourceRig,
 };
 use sluice_core::{Event, SinkConfig, SourceConfig, Status};
 
@@ -22,6 +22,14 @@ const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::now_v7().simple())
+}
+
+async fn start_source(name: &str, cfg: serde_json::Value) -> (SourceRig, testkit::Task) {
+    testkit::start_source::<AmqpSourceConfig>(name, cfg).await
+}
+
+async fn start_sink(name: &str, cfg: serde_json::Value) -> SinkRig {
+    testkit::start_sink::<AmqpSinkConfig>(name, cfg).await
 }
 
 async fn channel() -> (Connection, Channel) {
@@ -61,35 +69,6 @@ async fn ready(ch: &Channel, queue: &str) -> u32 {
     .await
     .unwrap()
     .message_count()
-}
-
-async fn start_source(
-    name: &str,
-    cfg: serde_json::Value,
-) -> (
-    SourceRig,
-    tokio::task::JoinHandle<Result<(), sluice_core::ConnectorError>>,
-) {
-    let cfg: AmqpSourceConfig = serde_json::from_value(cfg).unwrap();
-    cfg.validate(name).unwrap();
-    let mut rig = SourceRig::new(name);
-    let running = Box::new(cfg)
-        .build(rig.context(name))
-        .await
-        .expect("builds");
-    (rig, tokio::spawn(running))
-}
-
-async fn start_sink(name: &str, cfg: serde_json::Value) -> SinkRig {
-    let cfg: AmqpSinkConfig = serde_json::from_value(cfg).unwrap();
-    cfg.validate(name).unwrap();
-    let mut rig = SinkRig::new(name);
-    let running = Box::new(cfg)
-        .build(rig.context(name))
-        .await
-        .expect("builds");
-    tokio::spawn(running);
-    rig
 }
 
 fn with_id(id: &str) -> BasicProperties {

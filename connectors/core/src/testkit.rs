@@ -381,6 +381,38 @@ impl ProcessorRig {
     }
 }
 
+/// A running connector's task, as a test holds it.
+pub type Task = tokio::task::JoinHandle<Result<(), crate::ConnectorError>>;
+
+/// A source of kind `C` from `cfg` (JSON, as a config file gives it), validated and built in a
+/// new [`SourceRig`] named `name`, and running.
+pub async fn start_source<C: crate::SourceConfig>(
+    name: &str,
+    cfg: serde_json::Value,
+) -> (SourceRig, Task) {
+    let cfg: C = serde_json::from_value(cfg).expect("testkit: the config deserializes");
+    cfg.validate(name).expect("testkit: the config validates");
+    let mut rig = SourceRig::new(name);
+    let running = Box::new(cfg)
+        .build(rig.context(name))
+        .await
+        .expect("testkit: the source builds");
+    (rig, tokio::spawn(running))
+}
+
+/// A sink of kind `C` from `cfg`, validated and built in a new [`SinkRig`], and running.
+pub async fn start_sink<C: crate::SinkConfig>(name: &str, cfg: serde_json::Value) -> SinkRig {
+    let cfg: C = serde_json::from_value(cfg).expect("testkit: the config deserializes");
+    cfg.validate(name).expect("testkit: the config validates");
+    let mut rig = SinkRig::new(name);
+    let running = Box::new(cfg)
+        .build(rig.context(name))
+        .await
+        .expect("testkit: the sink builds");
+    tokio::spawn(running);
+    rig
+}
+
 /// Checks the standard source telemetry.
 pub fn assert_source_telemetry(source: &str, received: u64) {
     let got = metric(crate::telemetry::EVENTS_RECEIVED, &[("source", source)]);

@@ -7,7 +7,9 @@ use std::time::Duration;
 use rumqttc::{AsyncClient, Event as MqttEvent, MqttOptions, Packet, QoS};
 use serde_json::json;
 use sluice_core::testkit::peers::{spawn_mosquitto, Relay};
-use sluice_core::testkit::{assert_sink_telemetry, assert_source_telemetry, SinkRig, SourceRig};
+use sluice_core::testkit::{
+    self, assert_sink_telemetry, assert_source_telemetry, SinkRig, SourceRig,
+};
 use sluice_core::{Event, SinkConfig, SourceConfig, Status};
 use sluice_mqtt::{MqttSinkConfig, MqttSourceConfig};
 
@@ -15,6 +17,14 @@ const URL: &str = "mqtt://127.0.0.1:1883";
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::now_v7().simple())
+}
+
+async fn start_source(name: &str, cfg: serde_json::Value) -> (SourceRig, testkit::Task) {
+    testkit::start_source::<MqttSourceConfig>(name, cfg).await
+}
+
+async fn start_sink(name: &str, cfg: serde_json::Value) -> SinkRig {
+    testkit::start_sink::<MqttSinkConfig>(name, cfg).await
 }
 
 /// A test client that publishes (QoS 1, waiting for each PUBACK) and collects what it receives.
@@ -85,35 +95,6 @@ impl Peer {
             .expect("SUBACK")
             .unwrap();
     }
-}
-
-async fn start_source(
-    name: &str,
-    cfg: serde_json::Value,
-) -> (
-    SourceRig,
-    tokio::task::JoinHandle<Result<(), sluice_core::ConnectorError>>,
-) {
-    let cfg: MqttSourceConfig = serde_json::from_value(cfg).unwrap();
-    cfg.validate(name).unwrap();
-    let mut rig = SourceRig::new(name);
-    let running = Box::new(cfg)
-        .build(rig.context(name))
-        .await
-        .expect("builds");
-    (rig, tokio::spawn(running))
-}
-
-async fn start_sink(name: &str, cfg: serde_json::Value) -> SinkRig {
-    let cfg: MqttSinkConfig = serde_json::from_value(cfg).unwrap();
-    cfg.validate(name).unwrap();
-    let mut rig = SinkRig::new(name);
-    let running = Box::new(cfg)
-        .build(rig.context(name))
-        .await
-        .expect("builds");
-    tokio::spawn(running);
-    rig
 }
 
 fn body(e: &Event) -> String {

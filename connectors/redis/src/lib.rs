@@ -120,6 +120,64 @@ pub(crate) async fn connect(
         .await
 }
 
+/// The loop of a pipelining Redis sink: takes up to `batch` events, sends one pipeline with one
+/// command per event (`command` writes it), and settles each event from its own reply (`check`:
+/// `Ok` delivered, `Err(reason)` failed); a pipeline that fails as a whole (connection lost,
+/// timeout, grace period over) fails all of its events. `verb` names the command in reasons.
+pub(crate) async fn run_pipelined(
+    name: &str,
+    verb: &str,
+    mut conn: redis::aio::ConnectionManager,
+    mut ctx: sluice_core::SinkContext,
+    batch: usize,
+    mut command: impl FnMut(&mut redis::Pipeline, &sluice_core::Event),
+    check: impl Fn(redis::Value) -> Result<(), String>,
+) -> Result<(), sluice_core::ConnectorError> {
+    use sluice_core::SinkItem;
+    let mut items: Vec<SinkItem> = Vec::with_capacity(batch);
+    loop {
+        let n = tokio::select! {
+            n = ctx.input.recv_many(&mut items, batch) => n,
+            _ = ctx.grace_over.cancelled() => 0,
+        };
+        if n == 0 {
+            break;
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for item in &items {
+            command(&mut pipe, &item.event);
+        }
+        let replies = tokio::select! {
+            r = pipe.query_async::<Vec<redis::RedisResult<redis::Value>>>(&mut conn) => r,
+            _ = ctx.grace_over.cancelled() => Err(redis::RedisError::from((redis::ErrorKind::Io, "shutdown grace period over"))),
+        };
+        match replies {
+            Ok(replies) => {
+                let mut replies = replies.into_iter();
+                for SinkItem { delivery, .. } in items.drain(..) {
+                    match replies.next() {
+                        Some(Ok(v)) => match check(v) {
+                            Ok(()) => delivery.delivered(),
+                            Err(reason) => delivery.failed(reason),
+                        },
+                        Some(Err(e)) => delivery.failed(format!("{verb} failed: {e}")),
+                        None => delivery.failed(format!("{verb}: no reply")),
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(sink = %name, events = items.len(), error = %e, "redis: {verb} pipeline failed");
+                for SinkItem { delivery, .. } in items.drain(..) {
+                    delivery.failed(format!("{verb} failed: {e}"));
+                }
+            }
+        }
+    }
+    tracing::debug!(sink = %name, "redis: stopped");
+    Ok(())
+}
+
 /// Reconnect delays: 100 ms doubling, at most 5 s.
 pub(crate) fn reconnect_delay(attempt: u32) -> Duration {
     let ms = 100u64.saturating_mul(1 << attempt.min(6));

@@ -16,7 +16,7 @@ use sluice_core::telemetry::EVENTS_DROPPED;
 use sluice_core::template::Template;
 use sluice_core::units::HumanDuration;
 use sluice_core::{
-    format, BoxFuture, ConnectorError, Running, SinkConfig, SinkContext, SinkItem, SourceConfig,
+    format, BoxFuture, ConnectorError, Running, SinkConfig, SinkContext, SourceConfig,
     SourceContext,
 };
 use tokio::sync::mpsc;
@@ -389,62 +389,32 @@ struct PubSubSink {
 }
 
 impl PubSubSink {
-    async fn run(
-        self,
-        mut conn: ConnectionManager,
-        mut ctx: SinkContext,
-    ) -> Result<(), ConnectorError> {
-        let mut batch: Vec<SinkItem> = Vec::with_capacity(self.batch);
-        loop {
-            let n = tokio::select! {
-                n = ctx.input.recv_many(&mut batch, self.batch) => n,
-                _ = ctx.grace_over.cancelled() => 0,
-            };
-            if n == 0 {
-                break;
-            }
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for item in &batch {
-                let e = &item.event;
+    async fn run(self, conn: ConnectionManager, ctx: SinkContext) -> Result<(), ConnectorError> {
+        let name = self.name.clone();
+        let require = self.require_subscriber;
+        crate::run_pipelined(
+            &name,
+            "PUBLISH",
+            conn,
+            ctx,
+            self.batch,
+            |pipe, e| {
                 let channel = self.template.render_with(e, |out, v| out.push_str(v));
                 let body: Vec<u8> = match self.payload {
                     Payload::Event => format::encode_event(e),
                     Payload::Data => e.data.as_bytes().map(|b| b.to_vec()).unwrap_or_default(),
                 };
                 pipe.cmd("PUBLISH").arg(channel).arg(body);
-            }
-            let replies = tokio::select! {
-                r = pipe.query_async::<Vec<RedisResult<Value>>>(&mut conn) => r,
-                _ = ctx.grace_over.cancelled() => Err(redis::RedisError::from((redis::ErrorKind::Io, "shutdown grace period over"))),
-            };
-            match replies {
-                Ok(replies) => {
-                    let mut replies = replies.into_iter();
-                    for SinkItem { delivery, .. } in batch.drain(..) {
-                        match replies.next() {
-                            Some(Ok(Value::Int(0))) if self.require_subscriber => {
-                                delivery.failed("no subscriber received it (require_subscriber)")
-                            }
-                            Some(Ok(Value::Int(_))) => delivery.delivered(),
-                            Some(Ok(other)) => {
-                                delivery.failed(format!("PUBLISH answered {other:?}"))
-                            }
-                            Some(Err(e)) => delivery.failed(format!("PUBLISH failed: {e}")),
-                            None => delivery.failed("PUBLISH: no reply"),
-                        }
-                    }
+            },
+            |reply| match reply {
+                Value::Int(0) if require => {
+                    Err("no subscriber received it (require_subscriber)".into())
                 }
-                Err(e) => {
-                    tracing::warn!(sink = %self.name, events = batch.len(), error = %e, "redis: PUBLISH pipeline failed");
-                    for SinkItem { delivery, .. } in batch.drain(..) {
-                        delivery.failed(format!("PUBLISH failed: {e}"));
-                    }
-                }
-            }
-        }
-        tracing::debug!(sink = %self.name, "redis: stopped");
-        Ok(())
+                Value::Int(_) => Ok(()),
+                other => Err(format!("PUBLISH answered {other:?}")),
+            },
+        )
+        .await
     }
 }
 

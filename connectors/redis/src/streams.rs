@@ -13,7 +13,7 @@ use sluice_core::telemetry::{PullTelemetry, Settled};
 use sluice_core::template::Template;
 use sluice_core::units::HumanDuration;
 use sluice_core::{
-    BoxFuture, ConnectorError, Outcome, Running, SinkConfig, SinkContext, SinkItem, SourceConfig,
+    BoxFuture, ConnectorError, Outcome, Running, SinkConfig, SinkContext, SourceConfig,
     SourceContext, Status,
 };
 use tokio::time::Instant;
@@ -894,24 +894,16 @@ impl StreamsSink {
         self.template.render_with(e, |out, v| out.push_str(v))
     }
 
-    async fn run(
-        self,
-        mut conn: ConnectionManager,
-        mut ctx: SinkContext,
-    ) -> Result<(), ConnectorError> {
-        let mut batch: Vec<SinkItem> = Vec::with_capacity(self.batch);
-        loop {
-            let n = tokio::select! {
-                n = ctx.input.recv_many(&mut batch, self.batch) => n,
-                _ = ctx.grace_over.cancelled() => 0,
-            };
-            if n == 0 {
-                break;
-            }
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for item in &batch {
-                let cmd = pipe.cmd("XADD").arg(self.key(&item.event));
+    async fn run(self, conn: ConnectionManager, ctx: SinkContext) -> Result<(), ConnectorError> {
+        let name = self.name.clone();
+        crate::run_pipelined(
+            &name,
+            "XADD",
+            conn,
+            ctx,
+            self.batch,
+            |pipe, event| {
+                let cmd = pipe.cmd("XADD").arg(self.key(event));
                 if let Some((approx, len)) = self.maxlen {
                     cmd.arg("MAXLEN");
                     if approx {
@@ -920,38 +912,16 @@ impl StreamsSink {
                     cmd.arg(len);
                 }
                 cmd.arg("*");
-                for (k, v) in entry::to_fields(&item.event, self.mode) {
+                for (k, v) in entry::to_fields(event, self.mode) {
                     cmd.arg(k).arg(v);
                 }
-            }
-            let replies = tokio::select! {
-                r = pipe.query_async::<Vec<RedisResult<Value>>>(&mut conn) => r,
-                _ = ctx.grace_over.cancelled() => Err(redis::RedisError::from((redis::ErrorKind::Io, "shutdown grace period over"))),
-            };
-            match replies {
-                Ok(replies) => {
-                    let mut replies = replies.into_iter();
-                    for SinkItem { delivery, .. } in batch.drain(..) {
-                        match replies.next() {
-                            Some(Ok(Value::BulkString(_) | Value::SimpleString(_))) => {
-                                delivery.delivered()
-                            }
-                            Some(Ok(other)) => delivery.failed(format!("XADD answered {other:?}")),
-                            Some(Err(e)) => delivery.failed(format!("XADD failed: {e}")),
-                            None => delivery.failed("XADD: no reply"),
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(sink = %self.name, events = batch.len(), error = %e, "redis-streams: XADD pipeline failed");
-                    for SinkItem { delivery, .. } in batch.drain(..) {
-                        delivery.failed(format!("XADD failed: {e}"));
-                    }
-                }
-            }
-        }
-        tracing::debug!(sink = %self.name, "redis-streams: stopped");
-        Ok(())
+            },
+            |reply| match reply {
+                Value::BulkString(_) | Value::SimpleString(_) => Ok(()),
+                other => Err(format!("XADD answered {other:?}")),
+            },
+        )
+        .await
     }
 }
 

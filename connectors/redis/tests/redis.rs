@@ -8,7 +8,7 @@ use redis::AsyncCommands;
 use serde_json::json;
 use sluice_core::testkit::peers::spawn_redis;
 use sluice_core::testkit::{
-    assert_sink_telemetry, assert_source_telemetry, metric, SinkRig, SourceRig,
+    assert_sink_telemetry, assert_source_telemetry, metric, start_sink, start_source, SourceRig,
 };
 use sluice_core::{Event, SinkConfig, SourceConfig, Status};
 use sluice_redis::{PubSubSinkConfig, PubSubSourceConfig, StreamsSinkConfig, StreamsSourceConfig};
@@ -27,35 +27,6 @@ async fn conn(url: &str) -> redis::aio::MultiplexedConnection {
         .unwrap_or_else(|e| {
             panic!("Redis at {url} is not reachable ({e}): scripts/test.sh starts it")
         })
-}
-
-async fn start_source<C: SourceConfig>(
-    name: &str,
-    cfg: serde_json::Value,
-) -> (
-    SourceRig,
-    tokio::task::JoinHandle<Result<(), sluice_core::ConnectorError>>,
-) {
-    let cfg: C = serde_json::from_value(cfg).unwrap();
-    cfg.validate(name).unwrap();
-    let mut rig = SourceRig::new(name);
-    let running = Box::new(cfg)
-        .build(rig.context(name))
-        .await
-        .expect("builds");
-    (rig, tokio::spawn(running))
-}
-
-async fn start_sink<C: SinkConfig>(name: &str, cfg: serde_json::Value) -> SinkRig {
-    let cfg: C = serde_json::from_value(cfg).unwrap();
-    cfg.validate(name).unwrap();
-    let mut rig = SinkRig::new(name);
-    let running = Box::new(cfg)
-        .build(rig.context(name))
-        .await
-        .expect("builds");
-    tokio::spawn(running);
-    rig
 }
 
 async fn pending(c: &mut redis::aio::MultiplexedConnection, stream: &str, group: &str) -> i64 {
