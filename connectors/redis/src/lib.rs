@@ -120,6 +120,31 @@ pub(crate) async fn connect(
         .await
 }
 
+/// A reconnecting connection whose commands time out after `timeout` (the sinks', and the
+/// streams source's control connection).
+pub(crate) async fn managed(
+    url: &str,
+    tls: Option<&TlsConfig>,
+    timeout: Duration,
+) -> Result<redis::aio::ConnectionManager, String> {
+    client(url, tls)?
+        .get_connection_manager_with_config(
+            redis::aio::ConnectionManagerConfig::new()
+                .set_response_timeout(Some(timeout))
+                .set_connection_timeout(Some(Duration::from_secs(5))),
+        )
+        .await
+        .map_err(|e| format!("cannot connect to {} ({e}); is Redis up?", redact(url)))
+}
+
+/// Sink defaults: commands per pipeline, and how long one may take.
+pub(crate) fn default_batch() -> usize {
+    500
+}
+pub(crate) fn five_seconds() -> sluice_core::units::HumanDuration {
+    sluice_core::units::HumanDuration::from_secs(5)
+}
+
 /// The loop of a pipelining Redis sink: takes up to `batch` events, sends one pipeline with one
 /// command per event (`command` writes it), and settles each event from its own reply (`check`:
 /// `Ok` delivered, `Err(reason)` failed); a pipeline that fails as a whole (connection lost,

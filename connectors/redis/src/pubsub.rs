@@ -319,22 +319,16 @@ pub struct PubSubSinkConfig {
     #[serde(default)]
     pub require_subscriber: bool,
     /// `PUBLISH`es sent in one pipeline. Default 500.
-    #[serde(default = "default_batch")]
+    #[serde(default = "crate::default_batch")]
     pub batch: usize,
     /// How long a pipeline may take before its events count as failed. Default 5s.
-    #[serde(default = "five_seconds")]
+    #[serde(default = "crate::five_seconds")]
     pub timeout: HumanDuration,
     pub tls: Option<TlsConfig>,
 }
 
 fn default_channel() -> String {
     "events".into()
-}
-fn default_batch() -> usize {
-    500
-}
-fn five_seconds() -> HumanDuration {
-    HumanDuration::from_secs(5)
 }
 
 impl SinkConfig for PubSubSinkConfig {
@@ -354,20 +348,9 @@ impl SinkConfig for PubSubSinkConfig {
         Box::pin(async move {
             let name = ctx.name.clone();
             let err = |m: String| ConnectorError(format!("redis sink {name}: {m}"));
-            let client = client(&self.url, self.tls.as_ref()).map_err(err)?;
-            let conn = client
-                .get_connection_manager_with_config(
-                    redis::aio::ConnectionManagerConfig::new()
-                        .set_response_timeout(Some(self.timeout.get()))
-                        .set_connection_timeout(Some(Duration::from_secs(5))),
-                )
+            let conn = crate::managed(&self.url, self.tls.as_ref(), self.timeout.get())
                 .await
-                .map_err(|e| {
-                    err(format!(
-                        "cannot connect to {} ({e}); is Redis up?",
-                        redact(&self.url)
-                    ))
-                })?;
+                .map_err(err)?;
             let sink = PubSubSink {
                 template: Template::parse("channel", &self.channel).map_err(err)?,
                 payload: self.payload,

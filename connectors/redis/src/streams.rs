@@ -155,14 +155,9 @@ impl SourceConfig for StreamsSourceConfig {
                     redact(&self.url)
                 ))
             })?;
-            let ctl = client
-                .get_connection_manager_with_config(
-                    redis::aio::ConnectionManagerConfig::new()
-                        .set_response_timeout(Some(COMMAND_TIMEOUT))
-                        .set_connection_timeout(Some(COMMAND_TIMEOUT)),
-                )
+            let ctl = crate::managed(&self.url, self.tls.as_ref(), COMMAND_TIMEOUT)
                 .await
-                .map_err(|e| err(format!("cannot connect to {}: {e}", redact(&self.url))))?;
+                .map_err(err)?;
             let group = self.group.clone().unwrap_or_else(|| name.clone());
             let source = StreamsSource {
                 ty: self
@@ -812,22 +807,16 @@ pub struct StreamsSinkConfig {
     #[serde(default)]
     pub mode: Mode,
     /// `XADD`s sent in one pipeline (one round trip). Default 500.
-    #[serde(default = "default_batch")]
+    #[serde(default = "crate::default_batch")]
     pub batch: usize,
     /// How long a pipeline may take before its events count as failed. Default 5s.
-    #[serde(default = "five_seconds")]
+    #[serde(default = "crate::five_seconds")]
     pub timeout: HumanDuration,
     pub tls: Option<TlsConfig>,
 }
 
 fn default_stream() -> String {
     "events".into()
-}
-fn default_batch() -> usize {
-    500
-}
-fn five_seconds() -> HumanDuration {
-    HumanDuration::from_secs(5)
 }
 
 impl SinkConfig for StreamsSinkConfig {
@@ -850,20 +839,9 @@ impl SinkConfig for StreamsSinkConfig {
         Box::pin(async move {
             let name = ctx.name.clone();
             let err = |m: String| ConnectorError(format!("redis-streams sink {name}: {m}"));
-            let client = client(&self.url, self.tls.as_ref()).map_err(err)?;
-            let conn = client
-                .get_connection_manager_with_config(
-                    redis::aio::ConnectionManagerConfig::new()
-                        .set_response_timeout(Some(self.timeout.get()))
-                        .set_connection_timeout(Some(COMMAND_TIMEOUT)),
-                )
+            let conn = crate::managed(&self.url, self.tls.as_ref(), self.timeout.get())
                 .await
-                .map_err(|e| {
-                    err(format!(
-                        "cannot connect to {} ({e}); is Redis up?",
-                        redact(&self.url)
-                    ))
-                })?;
+                .map_err(err)?;
             let sink = StreamsSink {
                 template: Template::parse("stream", &self.stream).map_err(err)?,
                 maxlen: self
