@@ -56,6 +56,29 @@ async fn publish(ch: &Channel, exchange: &str, key: &str, body: &[u8], props: Ba
     .unwrap();
 }
 
+/// Declares an auto-delete `queue` bound to `exchange` with `key`.
+async fn bound_queue(ch: &Channel, queue: &str, exchange: &str, key: &str) {
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            auto_delete: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    ch.queue_bind(
+        queue.into(),
+        exchange.into(),
+        key.into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+}
+
 /// Messages ready in `queue` (not counting unacknowledged ones).
 async fn ready(ch: &Channel, queue: &str) -> u32 {
     ch.queue_declare(
@@ -95,25 +118,7 @@ async fn acknowledged_after_delivery_retried_after_a_delay_and_rejected_to_the_d
     )
     .await
     .unwrap();
-    ch.queue_declare(
-        dead.as_str().into(),
-        QueueDeclareOptions {
-            auto_delete: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        dead.as_str().into(),
-        dlx.as_str().into(),
-        "".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    bound_queue(&ch, &dead, &dlx, "").await;
     let exchange = unique("orders-x");
     let (mut rig, task) = start_source(
         "amqp-ack",
@@ -350,25 +355,7 @@ async fn the_sink_counts_a_message_delivered_only_on_the_brokers_confirm() {
         json!({"url": URL, "exchange": exchange, "routing_key": "ev.{type}", "declare": {"type": "topic", "durable": false}}),
     )
     .await;
-    ch.queue_declare(
-        queue.as_str().into(),
-        QueueDeclareOptions {
-            auto_delete: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        queue.as_str().into(),
-        exchange.as_str().into(),
-        "ev.created".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    bound_queue(&ch, &queue, &exchange, "ev.created").await;
     let mut e = Event::new("e-1", "/orders", "created")
         .with_subject("o/1")
         .with_json(&b"{\"total\":3}"[..]);
