@@ -496,3 +496,65 @@ async fn pubsub_drops_under_backpressure_are_counted_not_buffered_without_bound(
         "every message either delivered or counted"
     );
 }
+
+#[tokio::test]
+async fn tls_with_client_certificates() {
+    use sluice_core::testkit::peers::spawn_server_on;
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let pki = sluice_core::testkit::pki();
+    let dir = pki.dir.path().to_path_buf();
+    let d = dir.clone();
+    let server = spawn_server_on("redis-server", &dir, None, move |p| {
+        let f = |n: &str| d.join(n).display().to_string();
+        [
+            "--port".into(),
+            "0".into(),
+            "--tls-port".into(),
+            p.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--tls-cert-file".into(),
+            f("server.pem"),
+            "--tls-key-file".into(),
+            f("server.key"),
+            "--tls-ca-cert-file".into(),
+            f("ca.pem"),
+            "--tls-auth-clients".into(),
+            "yes".into(),
+        ]
+        .to_vec()
+    });
+    let url = format!("rediss://localhost:{}", server.port);
+    let tls = json!({"ca": dir.join("ca.pem"), "cert": dir.join("client.pem"), "key": dir.join("client.key")});
+    let sink = start_sink::<StreamsSinkConfig>(
+        "rs-tls-sink",
+        json!({"url": url, "stream": "secure", "tls": tls}),
+    )
+    .await;
+    let (mut rig, _t) = start_source::<StreamsSourceConfig>(
+        "rs-tls-src",
+        json!({"url": url, "streams": ["secure"], "tls": tls}),
+    )
+    .await;
+    let e = Event::new("tls-1", "/s", "t").with_json(&b"{\"secure\":true}"[..]);
+    assert!(sink.send(vec![e.clone()]).await.is_delivered());
+    assert_eq!(rig.capture().deliver_next().await, e);
+    // Without the client certificate the server refuses: a clear build error.
+    let cfg: StreamsSourceConfig = serde_json::from_value(
+        json!({"url": url, "streams": ["secure"], "tls": {"ca": dir.join("ca.pem")}}),
+    )
+    .unwrap();
+    let mut rig = SourceRig::new("rs-tls-nocert");
+    let err = Box::new(cfg)
+        .build(rig.context("rs-tls-nocert"))
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string()
+            .contains("redis-streams source rs-tls-nocert"),
+        "{err}"
+    );
+}
