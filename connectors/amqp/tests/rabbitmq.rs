@@ -482,3 +482,36 @@ fn bad_config_is_refused_with_a_reason() {
         .unwrap_err();
     assert!(e.to_string().contains("unknown field"), "{e}");
 }
+
+#[tokio::test]
+async fn passes_the_pull_source_compliance_check() {
+    let (_conn, ch) = channel().await;
+    let queue = unique("compliance");
+    let (q, c2) = (queue.clone(), ch.clone());
+    let mut next = 0usize;
+    sluice_core::testkit::pull_source_compliance::<AmqpSourceConfig>(
+        "amqp-compliance",
+        json!({"url": URL, "queue": queue, "declare": {"queue": {"durable": false}}}),
+        json!({"url": URL, "queue": queue, "prefetch": 0}),
+        move |k| {
+            let (q, ch, from) = (q.clone(), c2.clone(), next);
+            next += k;
+            Box::pin(async move {
+                for i in from..from + k {
+                    publish(
+                        &ch,
+                        "",
+                        &q,
+                        format!("{i}").as_bytes(),
+                        with_id(&format!("c-{i}")),
+                    )
+                    .await;
+                }
+            })
+        },
+    )
+    .await;
+    ch.queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .unwrap();
+}

@@ -6,6 +6,7 @@ pub mod peers;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
@@ -411,6 +412,119 @@ pub async fn start_sink<C: crate::SinkConfig>(name: &str, cfg: serde_json::Value
         .expect("testkit: the sink builds");
     tokio::spawn(running);
     rig
+}
+
+/// The compliance check every pull source (a broker consumer that acknowledges upstream) passes,
+/// observed from outside through the broker, with nothing but a way to publish:
+///
+/// 1. a bad config is refused by `validate` with a message;
+/// 2. nothing is acknowledged before delivery: a source that received messages and dies (its
+///    task aborted, as in a crash) leaves them to the broker, which hands every one of them to
+///    the next instance;
+/// 3. delivered messages are acknowledged: the next instance after that gets none of them again;
+/// 4. drain on shutdown: messages taken before the shutdown are still settled and acknowledged,
+///    and the source returns by itself;
+/// 5. the standard source telemetry (`received`, `settled{result="ack"}`).
+///
+/// `cfg` must name a stable consumer identity (consumer name, queue, client id) so that the
+/// instances share it; `put(n)` publishes `n` new messages with distinct payloads.
+pub async fn pull_source_compliance<C: crate::SourceConfig>(
+    name: &str,
+    cfg: serde_json::Value,
+    bad: serde_json::Value,
+    mut put: impl FnMut(usize) -> crate::BoxFuture<'static, ()>,
+) {
+    let refused = serde_json::from_value::<C>(bad.clone())
+        .map_err(|e| e.to_string())
+        .and_then(|c| c.validate(name));
+    match refused {
+        Err(msg) => assert!(!msg.trim().is_empty(), "{name}: a refusal must say why"),
+        Ok(()) => panic!("{name}: the bad config {bad} was accepted"),
+    }
+    let data = |e: &Event| e.data.as_bytes().cloned().unwrap_or_default();
+    let timeout = Duration::from_secs(10);
+
+    // 2. Received, never settled, crashed.
+    let (mut a, task) = start_source::<C>(&format!("{name}-a"), cfg.clone()).await;
+    let mut cap = a.capture();
+    put(3).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(cap.next_within(timeout).await);
+    }
+    let first: std::collections::BTreeSet<Bytes> = held.iter().map(|i| data(&i.event)).collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    task.abort();
+    let _ = task.await;
+    drop(held);
+
+    // 3. The next instance gets them again, delivers them, and they stay acknowledged.
+    let b_name = format!("{name}-b");
+    let (mut b, task) = start_source::<C>(&b_name, cfg.clone()).await;
+    let mut cap = b.capture();
+    let mut again = std::collections::BTreeSet::new();
+    while again.len() < first.len() {
+        let item = cap.next_within(timeout).await;
+        again.insert(data(&item.event));
+        item.delivery.delivered();
+    }
+    assert_eq!(
+        again, first,
+        "{name}: what the crashed instance held was handed on, all of it"
+    );
+
+    // 4. Drain: taken before the shutdown, settled after it, acknowledged, and the task ends.
+    put(2).await;
+    let mut held = Vec::new();
+    while held.len() < 2 {
+        let item = cap.next_within(timeout).await;
+        if first.contains(&data(&item.event)) {
+            // A repeat of an earlier one (allowed: at-least-once); settle it too.
+            item.delivery.delivered();
+            continue;
+        }
+        held.push(item);
+    }
+    let drained: std::collections::BTreeSet<Bytes> = held.iter().map(|i| data(&i.event)).collect();
+    b.shutdown.cancel();
+    for i in held {
+        i.delivery.delivered();
+    }
+    tokio::time::timeout(timeout, task)
+        .await
+        .unwrap_or_else(|_| panic!("{name}: the source did not return after its drain"))
+        .expect("the task ran")
+        .unwrap_or_else(|e| panic!("{name}: the source failed: {e}"));
+    assert!(
+        metric(crate::telemetry::EVENTS_RECEIVED, &[("source", &b_name)]) >= 5.0,
+        "{name}: sluice_events_received_total"
+    );
+    assert!(
+        metric(
+            crate::telemetry::SOURCE_SETTLED,
+            &[("source", &b_name), ("result", "ack")]
+        ) >= 5.0,
+        "{name}: sluice_source_settled_total{{result=\"ack\"}}"
+    );
+
+    // 3 and 4 seen from the next instance: only the new message arrives.
+    let (mut c, task) = start_source::<C>(&format!("{name}-c"), cfg).await;
+    let mut cap = c.capture();
+    put(1).await;
+    let item = cap.next_within(timeout).await;
+    let got = data(&item.event);
+    assert!(
+        !first.contains(&got) && !drained.contains(&got),
+        "{name}: a message acknowledged before was handed out again"
+    );
+    item.delivery.delivered();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        cap.try_next().is_none(),
+        "{name}: nothing else is left upstream"
+    );
+    c.shutdown.cancel();
+    let _ = tokio::time::timeout(timeout, task).await;
 }
 
 /// Checks the standard source telemetry.

@@ -440,3 +440,27 @@ async fn tls_with_client_certificates_both_ways() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn passes_the_pull_source_compliance_check() {
+    let topic = unique("compliance");
+    let peer = std::sync::Arc::new(tokio::sync::Mutex::new(peer(1883).await));
+    let (t, p) = (topic.clone(), peer.clone());
+    let mut next = 0usize;
+    sluice_core::testkit::pull_source_compliance::<MqttSourceConfig>(
+        "mqtt-compliance",
+        json!({"url": URL, "topics": [topic], "client_id": unique("compliance")}),
+        json!({"url": URL, "topics": [topic], "qos": 2}),
+        move |k| {
+            let (t, p, from) = (t.clone(), p.clone(), next);
+            next += k;
+            Box::pin(async move {
+                let mut p = p.lock().await;
+                for i in from..from + k {
+                    p.publish(&t, format!("{i}")).await;
+                }
+            })
+        },
+    )
+    .await;
+}

@@ -558,3 +558,26 @@ async fn tls_with_client_certificates() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn passes_the_pull_source_compliance_check() {
+    let stream = unique("compliance");
+    let s = stream.clone();
+    let mut next = 0usize;
+    sluice_core::testkit::pull_source_compliance::<StreamsSourceConfig>(
+        "rs-compliance",
+        json!({"url": SHARED, "streams": [stream], "group": "g", "consumer": "c", "claim_idle": "30s"}),
+        json!({"url": SHARED, "streams": []}),
+        move |k| {
+            let (s, from) = (s.clone(), next);
+            next += k;
+            Box::pin(async move {
+                let mut c = conn(SHARED).await;
+                for i in from..from + k {
+                    xadd(&mut c, &s, &[("n", &i.to_string())]).await;
+                }
+            })
+        },
+    )
+    .await;
+}
