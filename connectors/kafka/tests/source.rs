@@ -409,3 +409,25 @@ fn config_errors_say_what_to_fix() {
     ))
     .contains("type or source"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_pull_source_compliance_check() {
+    let c = cluster();
+    c.create_topic("comply", 1, 1).unwrap();
+    let bootstrap = c.bootstrap_servers();
+    let b = bootstrap.clone();
+    let mut next = 0usize;
+    sluice_core::testkit::pull_source_compliance::<KafkaSourceConfig>(
+        "k-compliance",
+        serde_json::json!({"brokers": bootstrap, "topics": ["comply"], "group": "comply",
+            "commit_interval": "100ms",
+            "properties": {"session.timeout.ms": "3000", "heartbeat.interval.ms": "500"}}),
+        serde_json::json!({"brokers": bootstrap, "topics": []}),
+        move |k| {
+            let (b, from) = (b.clone(), next);
+            next += k;
+            Box::pin(async move { produce(&b, "comply", 1, k, from).await })
+        },
+    )
+    .await;
+}

@@ -1,7 +1,7 @@
 //! MQTT 3.1.1 connectors, on rumqttc.
 //!
-//! - `kind: mqtt` source: QoS 0/1/2 subscriptions; QoS 1/2 messages are acknowledged (PUBACK /
-//!   PUBREC) only after delivery and **in the order they arrived** (MQTT-4.6.0-2), through the
+//! - `kind: mqtt` source: QoS 0/1 subscriptions (2 is refused); QoS 1 messages are acknowledged
+//!   (PUBACK) only after delivery and **in the order they arrived** (MQTT-4.6.0-2), through the
 //!   ordered-ack tracker; a persistent session (`clean_session: false`) makes the broker keep
 //!   and resend what was not acknowledged across restarts and disconnects.
 //! - `kind: mqtt` sink: QoS 1 publish counts delivered on PUBACK, QoS 2 on PUBCOMP, QoS 0 once

@@ -52,13 +52,14 @@ pub struct MqttSourceConfig {
     /// it stable and unique per replica. Default `sluice-<source name>`.
     pub client_id: Option<String>,
     /// `false` (default): a persistent session; the broker keeps the subscriptions and the
-    /// QoS 1/2 messages not acknowledged, and sends them after a reconnect or restart.
+    /// QoS 1 messages not acknowledged, and sends them after a reconnect or restart.
     #[serde(default)]
     pub clean_session: bool,
     /// Default 30s.
     #[serde(default = "thirty_seconds")]
     pub keep_alive: HumanDuration,
-    /// QoS 1/2 messages in flight at once (received, not yet acknowledged). Default 1000. The
+    /// QoS 1 messages whose events are in the pipeline at once (also how many QoS 0 messages may
+    /// wait for it before more are dropped). Default 1000. The
     /// broker's own limit (mosquitto: `max_inflight_messages`, 20 by default) bounds it too.
     #[serde(default = "default_window")]
     pub max_in_flight: usize,
@@ -256,7 +257,7 @@ struct Link {
     filters: Vec<SubscribeFilter>,
 }
 
-/// A QoS 1/2 message between arrival and acknowledgement.
+/// A QoS 1 message between arrival and acknowledgement.
 struct Entry {
     publish: Publish,
     generation: u64,
@@ -328,7 +329,7 @@ impl MqttSource {
         ctx: SourceContext,
     ) -> Result<(), ConnectorError> {
         // Unbounded, because the connection task must never wait on it (it also writes the
-        // acknowledgements): QoS 1/2 messages are bounded by the packet id space and the broker's
+        // acknowledgements): QoS 1 messages are bounded by the packet id space and the broker's
         // in-flight limit, QoS 0 ones by `queued0` (past max_in_flight they are dropped).
         let (tx, mut rx) = mpsc::unbounded_channel::<Arrival>();
         let queued0 = Arc::new(AtomicUsize::new(0));
@@ -620,6 +621,7 @@ async fn pump(
             .await;
             match connected {
                 Ok(Ok(_)) => {
+                    attempts = 0;
                     generation += 1;
                     if tx.send(Arrival::Connected(generation, client)).is_err() {
                         return;

@@ -511,3 +511,31 @@ async fn core_nats_argo_shape() {
         json!({"subject": "foo", "body": {"a": 1}, "metadata": {"k": "v"}})
     );
 }
+
+#[tokio::test]
+async fn jetstream_passes_the_pull_source_compliance_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let url = server.url();
+    let js = make_stream(&url, "COMPLY", &["comply.>"]).await;
+    let mut next = 0usize;
+    sluice_core::testkit::pull_source_compliance::<JetStreamSourceConfig>(
+        "js-compliance",
+        json!({"url": url, "stream": "COMPLY", "consumer": "comply", "ack_wait": "1s"}),
+        json!({"url": url, "stream": "COMPLY", "max_in_flight": 0}),
+        move |k| {
+            let (js, from) = (js.clone(), next);
+            next += k;
+            Box::pin(async move {
+                for i in from..from + k {
+                    js.publish("comply.x", Bytes::from(format!("{i}")))
+                        .await
+                        .unwrap()
+                        .await
+                        .unwrap();
+                }
+            })
+        },
+    )
+    .await;
+}

@@ -54,8 +54,9 @@ pub struct StreamsSourceConfig {
     /// Default 60s.
     #[serde(default = "sixty_seconds")]
     pub claim_idle: HumanDuration,
-    /// Entries in flight at once (read but not yet acknowledged); each `XREADGROUP` asks for at
-    /// most the room left. Default 1000.
+    /// Entries held at once (in the pipeline, waiting to enter it, or waiting for a retry); each
+    /// `XREADGROUP` asks for the room left, at most half of this, split across the streams.
+    /// Default 1000.
     #[serde(default = "default_window")]
     pub max_in_flight: usize,
     /// Create the streams (`MKSTREAM`) and the group when missing (default true). With false, a
