@@ -20,6 +20,15 @@ use crate::event::{
 pub const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json";
 pub const BATCH_CONTENT_TYPE: &str = "application/cloudevents-batch+json";
 
+/// Whether a payload with no content type to go by is taken for a structured JSON CloudEvent: a
+/// JSON object with a `specversion` member in its first 4 KiB (it must then be a valid one). For
+/// bindings without headers (MQTT 3.1.1, Redis Pub/Sub).
+pub fn looks_structured(payload: &[u8]) -> bool {
+    let t = payload.trim_ascii_start();
+    t.first() == Some(&b'{')
+        && memchr::memmem::find(&t[..t.len().min(4096)], b"\"specversion\"").is_some()
+}
+
 /// Decodes one structured-mode JSON event and validates it.
 pub fn decode_event(input: &Bytes) -> Result<Event, EventError> {
     let members: Members<'_> = serde_json::from_slice(input)

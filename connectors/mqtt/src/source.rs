@@ -297,7 +297,7 @@ impl MqttSource {
                 .with_json(data);
             return Ok((e, true));
         }
-        if looks_structured(&p.payload) {
+        if format::looks_structured(&p.payload) {
             return format::decode_event(&p.payload).map(|e| (e, false));
         }
         let ct = if sluice_core::event::is_json(&p.payload) {
@@ -644,16 +644,6 @@ async fn pump(
     }
 }
 
-/// A JSON object with a `specversion` member near its start is taken for a structured
-/// CloudEvent (and must then be a valid one).
-fn looks_structured(p: &[u8]) -> bool {
-    let t = p.trim_ascii_start();
-    t.first() == Some(&b'{')
-        && t[..t.len().min(4096)]
-            .windows(13)
-            .any(|w| w == b"\"specversion\"")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -664,6 +654,6 @@ mod tests {
         assert!(check_filter("a/#").is_ok());
         assert!(check_filter("a/#/b").is_err());
         assert!(check_filter("a/b+").is_err());
-        assert!(looks_structured(b"{\"specversion\":\"1.0\"}"));
+        assert!(format::looks_structured(b"{\"specversion\":\"1.0\"}"));
     }
 }

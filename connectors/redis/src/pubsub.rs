@@ -174,7 +174,7 @@ impl PubSubSource {
                 .with_json(data);
             return Ok((e, true));
         }
-        if looks_structured(&m.payload) {
+        if format::looks_structured(&m.payload) {
             return format::decode_event(&m.payload).map(|e| (e, false));
         }
         let ct = if sluice_core::event::is_json(&m.payload) {
@@ -278,17 +278,6 @@ impl PubSubSource {
         tracing::debug!(source = %self.name, "redis: stopped");
         Ok(())
     }
-}
-
-/// A JSON object with a `specversion` member near its start is taken for a structured
-/// CloudEvent (and must then be a valid one).
-fn looks_structured(p: &[u8]) -> bool {
-    let t = p.trim_ascii_start();
-    t.first() == Some(&b'{') && memmem(&t[..t.len().min(4096)], b"\"specversion\"")
-}
-
-fn memmem(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 /// What a Pub/Sub sink publishes.
@@ -407,8 +396,10 @@ mod tests {
 
     #[test]
     fn structured_events_are_recognised() {
-        assert!(looks_structured(br#" {"specversion":"1.0","id":"1"}"#));
-        assert!(!looks_structured(br#"{"a":1}"#));
-        assert!(!looks_structured(b"specversion"));
+        assert!(format::looks_structured(
+            br#" {"specversion":"1.0","id":"1"}"#
+        ));
+        assert!(!format::looks_structured(br#"{"a":1}"#));
+        assert!(!format::looks_structured(b"specversion"));
     }
 }
