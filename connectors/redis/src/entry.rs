@@ -25,61 +25,64 @@ pub struct Entry {
     pub fields: Option<Fields>,
 }
 
-fn bytes(v: &Value) -> Option<Vec<u8>> {
+/// A string-like value, moved out of the reply (no copy).
+fn bytes(v: Value) -> Option<Vec<u8>> {
     match v {
-        Value::BulkString(b) => Some(b.clone()),
-        Value::SimpleString(s) => Some(s.as_bytes().to_vec()),
-        Value::VerbatimString { text, .. } => Some(text.as_bytes().to_vec()),
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.into_bytes()),
         Value::Int(i) => Some(i.to_string().into_bytes()),
         Value::Okay => Some(b"OK".to_vec()),
         _ => None,
     }
 }
 
-fn string(v: &Value) -> Option<String> {
+fn string(v: Value) -> Option<String> {
     bytes(v).and_then(|b| String::from_utf8(b).ok())
 }
 
-fn items(v: &Value) -> &[Value] {
+fn items(v: Value) -> Vec<Value> {
     match v {
         Value::Array(a) | Value::Set(a) => a,
-        _ => &[],
+        _ => Vec::new(),
     }
 }
 
-fn pairs(v: &Value) -> Result<Fields, String> {
-    match v {
-        Value::Map(m) => m
-            .iter()
-            .map(|(k, v)| Ok((bytes(k).ok_or("a field name")?, bytes(v).ok_or("a value")?)))
-            .collect::<Result<_, &str>>()
-            .map_err(|w| format!("unexpected {w} in an entry")),
+fn pairs(v: Value) -> Result<Fields, String> {
+    let flat: Vec<(Value, Value)> = match v {
+        Value::Map(m) => m,
         Value::Array(a) => {
             if a.len() % 2 != 0 {
                 return Err("an entry with an odd number of field items".into());
             }
-            a.chunks(2)
-                .map(|kv| match (bytes(&kv[0]), bytes(&kv[1])) {
-                    (Some(k), Some(v)) => Ok((k, v)),
-                    _ => Err("an entry field that is not a string".to_string()),
-                })
-                .collect()
+            let mut it = a.into_iter();
+            let mut out = Vec::with_capacity(it.len() / 2);
+            while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                out.push((k, v));
+            }
+            out
         }
-        other => Err(format!("unexpected entry fields {other:?}")),
-    }
+        other => return Err(format!("unexpected entry fields {other:?}")),
+    };
+    flat.into_iter()
+        .map(|(k, v)| match (bytes(k), bytes(v)) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => Err("an entry field that is not a string".to_string()),
+        })
+        .collect()
 }
 
 /// Entries of `[[id, [field, value, ...]], ...]`; a deleted pending entry is `[id, nil]`.
-pub fn entries(v: &Value) -> Result<Vec<Entry>, String> {
+pub fn entries(v: Value) -> Result<Vec<Entry>, String> {
     items(v)
-        .iter()
+        .into_iter()
         .map(|e| {
-            let parts = items(e);
+            let mut parts = items(e).into_iter();
             let id = parts
-                .first()
+                .next()
                 .and_then(string)
-                .ok_or_else(|| format!("unexpected stream entry {e:?}"))?;
-            let fields = match parts.get(1) {
+                .ok_or_else(|| "unexpected stream entry without an id".to_string())?;
+            let fields = match parts.next() {
                 None | Some(Value::Nil) => None,
                 Some(f) => Some(pairs(f)?),
             };
@@ -89,15 +92,18 @@ pub fn entries(v: &Value) -> Result<Vec<Entry>, String> {
 }
 
 /// An `XREADGROUP` reply: entries per stream name (nil when the block timed out).
-pub fn read_reply(v: &Value) -> Result<Vec<(String, Vec<Entry>)>, String> {
-    let per_stream: Vec<(&Value, &Value)> = match v {
+pub fn read_reply(v: Value) -> Result<Vec<(String, Vec<Entry>)>, String> {
+    let per_stream: Vec<(Value, Value)> = match v {
         Value::Nil => return Ok(Vec::new()),
-        Value::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
+        Value::Map(m) => m,
         Value::Array(a) => a
-            .iter()
-            .map(|s| match items(s) {
-                [k, e] => Ok((k, e)),
-                _ => Err(format!("unexpected XREADGROUP item {s:?}")),
+            .into_iter()
+            .map(|s| {
+                let mut kv = items(s).into_iter();
+                match (kv.next(), kv.next(), kv.next()) {
+                    (Some(k), Some(e), None) => Ok((k, e)),
+                    _ => Err("unexpected XREADGROUP item".to_string()),
+                }
             })
             .collect::<Result<_, _>>()?,
         other => return Err(format!("unexpected XREADGROUP reply {other:?}")),
@@ -105,7 +111,7 @@ pub fn read_reply(v: &Value) -> Result<Vec<(String, Vec<Entry>)>, String> {
     per_stream
         .into_iter()
         .map(|(k, e)| {
-            let key = string(k).ok_or_else(|| format!("unexpected stream name {k:?}"))?;
+            let key = string(k).ok_or("a stream name that is not a string")?;
             Ok((key, entries(e)?))
         })
         .collect()
@@ -113,17 +119,18 @@ pub fn read_reply(v: &Value) -> Result<Vec<(String, Vec<Entry>)>, String> {
 
 /// An `XAUTOCLAIM` reply: the next cursor, the claimed entries and (Redis 7) the ids of
 /// pending entries that no longer exist.
-pub fn autoclaim_reply(v: &Value) -> Result<(String, Vec<Entry>, Vec<String>), String> {
-    match items(v) {
-        [cursor, claimed, rest @ ..] => {
+pub fn autoclaim_reply(v: Value) -> Result<(String, Vec<Entry>, Vec<String>), String> {
+    let mut parts = items(v).into_iter();
+    match (parts.next(), parts.next()) {
+        (Some(cursor), Some(claimed)) => {
             let cursor = string(cursor).ok_or("XAUTOCLAIM: a cursor that is not a string")?;
-            let deleted = rest
-                .first()
-                .map(|d| items(d).iter().filter_map(string).collect())
+            let deleted = parts
+                .next()
+                .map(|d| items(d).into_iter().filter_map(string).collect())
                 .unwrap_or_default();
             Ok((cursor, entries(claimed)?, deleted))
         }
-        _ => Err(format!("unexpected XAUTOCLAIM reply {v:?}")),
+        _ => Err("unexpected XAUTOCLAIM reply".to_string()),
     }
 }
 
@@ -149,20 +156,36 @@ pub fn is_cloudevent(fields: &Fields) -> bool {
         })
 }
 
-/// The JSON object of an entry's fields: values that are UTF-8 as strings, others as
-/// `{"base64": "..."}` (so that nothing is lost).
+/// The JSON object of an entry's fields, in entry order: values that are UTF-8 as strings,
+/// others as `{"base64": "..."}` (so that nothing is lost). Written directly, without a tree.
 pub fn fields_json(fields: &Fields) -> Vec<u8> {
-    let mut map = serde_json::Map::with_capacity(fields.len());
-    for (k, v) in fields {
-        let value = match std::str::from_utf8(v) {
-            Ok(s) => serde_json::Value::String(s.to_owned()),
-            Err(_) => serde_json::json!({
-                "base64": base64::engine::general_purpose::STANDARD.encode(v)
-            }),
-        };
-        map.insert(String::from_utf8_lossy(k).into_owned(), value);
+    let size: usize = fields.iter().map(|(k, v)| k.len() + v.len() + 8).sum();
+    let mut out = Vec::with_capacity(size + 2);
+    out.push(b'{');
+    for (i, (k, v)) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        // Writing a str into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, &*String::from_utf8_lossy(k));
+        out.push(b':');
+        match std::str::from_utf8(v) {
+            Ok(s) => {
+                let _ = serde_json::to_writer(&mut out, s);
+            }
+            Err(_) => {
+                out.extend_from_slice(b"{\"base64\":\"");
+                out.extend_from_slice(
+                    base64::engine::general_purpose::STANDARD
+                        .encode(v)
+                        .as_bytes(),
+                );
+                out.extend_from_slice(b"\"}");
+            }
+        }
     }
-    serde_json::to_vec(&map).unwrap_or_else(|_| b"{}".to_vec())
+    out.push(b'}');
+    out
 }
 
 /// How a stream source names the events it makes.
@@ -275,7 +298,7 @@ mod tests {
             bulk("orders"),
             Value::Array(vec![entry("1-0", fields.clone()), entry("2-0", Value::Nil)]),
         ])]);
-        let got = read_reply(&resp2).unwrap();
+        let got = read_reply(resp2).unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].0, "orders");
         assert_eq!(
@@ -290,9 +313,9 @@ mod tests {
             bulk("orders"),
             Value::Array(vec![entry("1-0", Value::Map(vec![(bulk("a"), bulk("1"))]))]),
         )]);
-        assert_eq!(read_reply(&resp3).unwrap()[0].1[0].id, "1-0");
-        assert!(read_reply(&Value::Nil).unwrap().is_empty());
-        let (cursor, claimed, deleted) = autoclaim_reply(&Value::Array(vec![
+        assert_eq!(read_reply(resp3).unwrap()[0].1[0].id, "1-0");
+        assert!(read_reply(Value::Nil).unwrap().is_empty());
+        let (cursor, claimed, deleted) = autoclaim_reply(Value::Array(vec![
             bulk("0-0"),
             Value::Array(vec![entry("3-1", fields)]),
             Value::Array(vec![bulk("4-0")]),

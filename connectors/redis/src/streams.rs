@@ -390,7 +390,7 @@ impl StreamsSource {
                 r = async { reading.as_mut().expect("reading").await }, if reading.is_some() => {
                     reading = None;
                     reading_count = 0;
-                    match r.and_then(|v| entry::read_reply(&v).map_err(|e| redis::RedisError::from((redis::ErrorKind::Parse, "XREADGROUP", e)))) {
+                    match r.and_then(|v| entry::read_reply(v).map_err(|e| redis::RedisError::from((redis::ErrorKind::Parse, "XREADGROUP", e)))) {
                         Ok(per_stream) => {
                             reconnects = 0;
                             self.take_read(per_stream, &mut st);
@@ -589,7 +589,7 @@ impl StreamsSource {
                 .arg(&h.id)
                 .query_async(ctl)
                 .await;
-            match r.map(|v| entry::entries(&v)) {
+            match r.map(entry::entries) {
                 Ok(Ok(mut es)) if !es.is_empty() => {
                     self.telemetry.redeliveries.increment(1);
                     self.take_entry(h.stream, es.remove(0), h.attempts, st);
@@ -667,7 +667,7 @@ impl StreamsSource {
                 .arg(left)
                 .query_async(ctl)
                 .await;
-            match r.map(|v| entry::autoclaim_reply(&v)) {
+            match r.map(entry::autoclaim_reply) {
                 Ok(Ok((cursor, claimed, deleted))) => {
                     st.claim_cursors[i] = cursor;
                     if !claimed.is_empty() {
