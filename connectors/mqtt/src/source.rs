@@ -261,10 +261,17 @@ struct Link {
 struct Entry {
     publish: Publish,
     generation: u64,
-    /// The event, kept so that a retry sends the same id.
-    event: Option<Event>,
-    fresh: bool,
+    /// The id and time made up for its event, kept so that a retry rebuilds the same event from
+    /// the message (`None`: the message carries its own, a structured CloudEvent).
+    minted: Option<Minted>,
     attempts: u32,
+}
+
+/// The parts of an event made from a plain message that are not in the message.
+#[derive(Clone)]
+struct Minted {
+    id: String,
+    time: Timestamp,
 }
 
 struct MqttSource {
@@ -277,9 +284,18 @@ struct MqttSource {
 }
 
 impl MqttSource {
-    /// The event of a message, and whether its id was made up just now.
-    fn to_event(&self, p: &Publish) -> Result<(Event, bool), EventError> {
-        let id = uuid::Uuid::now_v7().to_string();
+    /// The event of a message, and the id and time made up for it (`None`: the message is a
+    /// CloudEvent with its own). A retry passes the ones made the first time.
+    fn to_event(
+        &self,
+        p: &Publish,
+        again: Option<&Minted>,
+    ) -> Result<(Event, Option<Minted>), EventError> {
+        let minted = again.cloned().unwrap_or_else(|| Minted {
+            id: uuid::Uuid::now_v7().to_string(),
+            time: Timestamp::now(),
+        });
+        let (id, time) = (minted.id.clone(), minted.time.clone());
         if self.cfg.format == Format::Argo {
             let mut data = Vec::with_capacity(p.payload.len() + 96);
             data.extend_from_slice(b"{\"topic\":");
@@ -293,12 +309,12 @@ impl MqttSource {
             data.push(b'}');
             let e = Event::new(id, &*self.source, &*self.ty)
                 .with_subject(&*self.name)
-                .with_time(Timestamp::now())
+                .with_time(time)
                 .with_json(data);
-            return Ok((e, true));
+            return Ok((e, Some(minted)));
         }
         if format::looks_structured(&p.payload) {
-            return format::decode_event(&p.payload).map(|e| (e, false));
+            return format::decode_event(&p.payload).map(|e| (e, None));
         }
         let ct = if sluice_core::event::is_json(&p.payload) {
             "application/json"
@@ -309,7 +325,7 @@ impl MqttSource {
         };
         let mut e = Event::new(id, &*self.source, &*self.ty)
             .with_subject(p.topic.as_str())
-            .with_time(Timestamp::now());
+            .with_time(time);
         if !p.payload.is_empty() {
             e = e.with_data(
                 Some(ct.into()),
@@ -317,7 +333,7 @@ impl MqttSource {
             );
         }
         e.validate()?;
-        Ok((e, true))
+        Ok((e, Some(minted)))
     }
 
     async fn run(
@@ -411,9 +427,11 @@ impl MqttSource {
                     let due: Vec<(Instant, u64)> = retries.drain(..ready).collect();
                     for (_, seq) in due {
                         let Some(e) = entries.get(&seq) else { continue };
-                        let Some(event) = e.event.clone() else { continue };
+                        // The same event again: rebuilt from the message with the id and time
+                        // made the first time (it converted then, so it converts now).
+                        let Ok((event, _)) = self.to_event(&e.publish, e.minted.as_ref()) else { continue };
                         self.telemetry.redeliveries.increment(1);
-                        let opts = SendOptions { skip_dedup: e.fresh, ..SendOptions::default() };
+                        let opts = SendOptions { skip_dedup: e.minted.is_some(), ..SendOptions::default() };
                         if let Ok(p) = ctx.sender.send_with(vec![event], opts).await {
                             window.push(seq, p);
                         }
@@ -466,16 +484,16 @@ impl MqttSource {
         entries: &mut HashMap<u64, Entry>,
         window: &mut InFlight<u64>,
     ) {
-        let converted = self.to_event(&p);
+        let converted = self.to_event(&p, None);
         if p.qos == QoS::AtMostOnce {
             match converted {
-                Ok((event, fresh)) => {
+                Ok((event, minted)) => {
                     let _ = ctx
                         .sender
                         .send_with(
                             vec![event],
                             SendOptions {
-                                skip_dedup: fresh,
+                                skip_dedup: minted.is_some(),
                                 ..SendOptions::default()
                             },
                         )
@@ -492,9 +510,9 @@ impl MqttSource {
         *next_seq += 1;
         let _ = marks.push(seq);
         match converted {
-            Ok((event, fresh)) => {
+            Ok((event, minted)) => {
                 let opts = SendOptions {
-                    skip_dedup: fresh,
+                    skip_dedup: minted.is_some(),
                     ..SendOptions::default()
                 };
                 entries.insert(
@@ -502,16 +520,13 @@ impl MqttSource {
                     Entry {
                         publish: p,
                         generation,
-                        event: Some(event.clone()),
-                        fresh,
+                        minted,
                         attempts: 0,
                     },
                 );
-                match ctx.sender.send_with(vec![event], opts).await {
-                    Ok(pending) => window.push(seq, pending),
-                    Err(_) => {
-                        marks.failed(seq);
-                    }
+                // No send timeout is set: the send waits for room and cannot fail.
+                if let Ok(pending) = ctx.sender.send_with(vec![event], opts).await {
+                    window.push(seq, pending);
                 }
             }
             Err(e) => {
@@ -523,8 +538,7 @@ impl MqttSource {
                     Entry {
                         publish: p,
                         generation,
-                        event: None,
-                        fresh: true,
+                        minted: None,
                         attempts: 0,
                     },
                 );
