@@ -58,7 +58,7 @@ pub fn is_cloudevent(props: &BasicProperties) -> bool {
 }
 
 /// Decodes a message that [`is_cloudevent`].
-pub fn decode(props: &BasicProperties, body: &[u8]) -> Result<Event, EventError> {
+pub fn decode(props: &BasicProperties, body: Bytes) -> Result<Event, EventError> {
     if let Some(ct) = props.content_type() {
         let ct = ct.as_str();
         if ct.len() >= 23 && ct[..23].eq_ignore_ascii_case("application/cloudevents") {
@@ -68,7 +68,7 @@ pub fn decode(props: &BasicProperties, body: &[u8]) -> Result<Event, EventError>
                     "structured format {essence:?} is not supported"
                 )));
             }
-            return format::decode_event(&Bytes::copy_from_slice(body));
+            return format::decode_event(&body);
         }
     }
     let mut e = Event::new(String::new(), String::new(), String::new());
@@ -114,7 +114,7 @@ pub fn decode(props: &BasicProperties, body: &[u8]) -> Result<Event, EventError>
         e.datacontenttype = Some(ct.as_str().to_owned());
     }
     if !body.is_empty() || e.datacontenttype.is_some() {
-        e.data = Data::from_bytes(Bytes::copy_from_slice(body), e.datacontenttype.as_deref());
+        e.data = Data::from_bytes(body, e.datacontenttype.as_deref());
     }
     e.validate()?;
     Ok(e)
@@ -201,7 +201,11 @@ mod tests {
         for mode in [Mode::Binary, Mode::Structured] {
             let (props, body) = encode(&event(), mode, true);
             assert!(is_cloudevent(&props));
-            assert_eq!(decode(&props, &body).unwrap(), event(), "{mode:?}");
+            assert_eq!(
+                decode(&props, Bytes::from(body)).unwrap(),
+                event(),
+                "{mode:?}"
+            );
             assert_eq!(
                 props.message_id().as_ref().map(|s| s.as_str()),
                 Some("id-1")
@@ -230,7 +234,7 @@ mod tests {
         h.insert("cloudEvents_count".into(), AMQPValue::LongLongInt(3));
         let props = BasicProperties::default().with_headers(h);
         assert!(is_cloudevent(&props));
-        let e = decode(&props, b"").unwrap();
+        let e = decode(&props, Bytes::new()).unwrap();
         assert_eq!(e.id, "7");
         assert_eq!(e.time.as_ref().unwrap().as_str(), "2025-12-01T12:00:00Z");
         assert_eq!(
@@ -248,6 +252,9 @@ mod tests {
             AMQPValue::LongString("0.3".into()),
         );
         let props = BasicProperties::default().with_headers(h);
-        assert!(decode(&props, b"").unwrap_err().to_string().contains("0.3"));
+        assert!(decode(&props, Bytes::new())
+            .unwrap_err()
+            .to_string()
+            .contains("0.3"));
     }
 }

@@ -212,7 +212,8 @@ impl AmqpSource {
         })
     }
 
-    fn to_event(&self, d: &Delivery) -> Result<(Event, bool), EventError> {
+    /// The event of a delivery whose body, moved out of it, is `body`.
+    fn to_event(&self, d: &Delivery, body: Bytes) -> Result<(Event, bool), EventError> {
         let p = &d.properties;
         let msg_id = p
             .message_id()
@@ -252,7 +253,7 @@ impl AmqpSource {
             let mut data = serde_json::to_vec(&head).map_err(|e| EventError(e.to_string()))?;
             data.pop(); // the closing brace
             data.extend_from_slice(b",\"body\":");
-            data.extend_from_slice(&argo::body(&d.data, self.cfg.json_body).map_err(EventError)?);
+            data.extend_from_slice(&argo::body(&body, self.cfg.json_body).map_err(EventError)?);
             data.extend_from_slice(b",\"metadata\":");
             data.extend_from_slice(&self.metadata);
             data.push(b'}');
@@ -263,7 +264,7 @@ impl AmqpSource {
             return Ok((e, fresh));
         }
         if binding::is_cloudevent(p) {
-            return binding::decode(p, &d.data).map(|e| (e, false));
+            return binding::decode(p, body).map(|e| (e, false));
         }
         let time = p
             .timestamp()
@@ -275,11 +276,8 @@ impl AmqpSource {
             e = e.with_subject(d.routing_key.as_str());
         }
         let ct = p.content_type().as_ref().map(|c| c.as_str().to_owned());
-        if !d.data.is_empty() || ct.is_some() {
-            e = e.with_data(
-                ct.clone(),
-                Data::from_bytes(Bytes::copy_from_slice(&d.data), ct.as_deref()),
-            );
+        if !body.is_empty() || ct.is_some() {
+            e = e.with_data(ct.clone(), Data::from_bytes(body, ct.as_deref()));
         }
         e.validate()?;
         Ok((e, fresh))
@@ -418,7 +416,7 @@ impl AmqpSource {
         &self,
         ctx: &SourceContext,
         session: &mut Option<Session>,
-        d: Delivery,
+        mut d: Delivery,
         window: &mut InFlight<Handle>,
     ) {
         let Some(s) = session.as_mut() else { return };
@@ -431,7 +429,9 @@ impl AmqpSource {
         if d.redelivered {
             self.telemetry.redeliveries.increment(1);
         }
-        match self.to_event(&d) {
+        // The body is moved into the event, not copied.
+        let body = Bytes::from(std::mem::take(&mut d.data));
+        match self.to_event(&d, body) {
             Ok((event, fresh)) => {
                 let opts = SendOptions {
                     skip_dedup: fresh,
