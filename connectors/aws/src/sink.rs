@@ -2,6 +2,7 @@
 //! several batches in flight. Delivered = AWS confirmed that entry; a batch's failed entries
 //! fail (or, when AWS says the sender is at fault, reject) only their own events.
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 
@@ -125,22 +126,125 @@ fn batches(items: Vec<(SinkItem, Encoded)>) -> Vec<Vec<(SinkItem, Encoded)>> {
     out
 }
 
-/// How one entry of a batch ended.
-enum EntryResult {
-    Ok,
-    /// AWS says the entry itself is at fault (too large, invalid): it will never succeed.
-    Refused(String),
-    Failed(String),
+/// What one batch call answered: the ids AWS took, and per failed id whether the sender is at
+/// fault and why.
+pub(crate) struct BatchAnswer {
+    ok: HashSet<String>,
+    failed: HashMap<String, (bool, String)>,
 }
 
-/// Settles a batch's items from per-entry results keyed by the entry id (its index).
-fn settle(items: Vec<SinkItem>, mut result: impl FnMut(usize) -> EntryResult) {
-    for (i, SinkItem { delivery, .. }) in items.into_iter().enumerate() {
-        match result(i) {
-            EntryResult::Ok => delivery.delivered(),
-            EntryResult::Refused(r) => delivery.rejected(r),
-            EntryResult::Failed(r) => delivery.failed(r),
+/// A batch call that failed as a whole: `sender_fault` when AWS blames the request (one bad
+/// entry makes SQS refuse the whole batch), else a transient failure.
+pub(crate) struct BatchError {
+    sender_fault: bool,
+    reason: String,
+}
+
+impl BatchError {
+    fn from_sdk<E>(
+        verb: &str,
+        e: &aws_sdk_sqs::error::SdkError<E, aws_sdk_sqs::config::http::HttpResponse>,
+    ) -> BatchError
+    where
+        E: aws_sdk_sqs::error::ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        use aws_sdk_sqs::error::SdkError;
+        match e {
+            SdkError::ServiceError(se) => {
+                let status = se.raw().status().as_u16();
+                let err = se.err();
+                BatchError {
+                    sender_fault: (400..500).contains(&status) && status != 429 && status != 403,
+                    reason: format!(
+                        "{verb}: {} {} (HTTP {status})",
+                        err.code().unwrap_or("error"),
+                        err.message().unwrap_or("")
+                    ),
+                }
+            }
+            other => BatchError {
+                sender_fault: false,
+                reason: format!("{verb} failed: {}", aws_sdk_sqs::error::DisplayErrorContext(other)),
+            },
         }
+    }
+}
+
+/// One call, bounded by `timeout`, counted.
+async fn attempt<T, Fut>(
+    name: &str,
+    verb: &'static str,
+    timeout: Duration,
+    call: impl FnOnce(Vec<T>) -> Fut,
+    entries: Vec<T>,
+) -> Result<BatchAnswer, BatchError>
+where
+    Fut: Future<Output = Result<BatchAnswer, BatchError>>,
+{
+    let answer = match tokio::time::timeout(timeout, call(entries)).await {
+        Ok(r) => r,
+        Err(_) => Err(BatchError {
+            sender_fault: false,
+            reason: format!("{verb} took longer than {timeout:?}"),
+        }),
+    };
+    api_call(name, verb, answer.is_ok());
+    answer
+}
+
+/// Settles each item from its own entry's result (ids are the items' indexes), or all of them
+/// with the whole call's failure.
+fn settle(name: &str, verb: &str, answer: Result<BatchAnswer, BatchError>, items: Vec<SinkItem>) {
+    match answer {
+        Ok(a) => {
+            for (i, SinkItem { delivery, .. }) in items.into_iter().enumerate() {
+                let id = i.to_string();
+                match a.failed.get(&id) {
+                    Some((true, r)) => delivery.rejected(r.clone()),
+                    Some((false, r)) => delivery.failed(r.clone()),
+                    None if a.ok.contains(&id) => delivery.delivered(),
+                    None => delivery.failed(format!("{verb}: no result for this entry")),
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(sink = %name, error = %e.reason, events = items.len(), "{verb} failed");
+            for SinkItem { delivery, .. } in items {
+                if e.sender_fault {
+                    delivery.rejected(e.reason.clone());
+                } else {
+                    delivery.failed(e.reason.clone());
+                }
+            }
+        }
+    }
+}
+
+/// Sends `entries` in one call and settles each item from its own entry's result. A batch of
+/// several that AWS refuses as a whole for the sender's fault is sent again one entry at a
+/// time, so that only the entry at fault is refused.
+async fn send_batch<T, F, Fut>(
+    name: &str,
+    verb: &'static str,
+    timeout: Duration,
+    entries: Vec<T>,
+    items: Vec<SinkItem>,
+    call: F,
+) where
+    T: Clone,
+    F: Fn(Vec<T>) -> Fut,
+    Fut: Future<Output = Result<BatchAnswer, BatchError>>,
+{
+    let n = entries.len();
+    match attempt(name, verb, timeout, &call, entries.clone()).await {
+        Err(e) if e.sender_fault && n > 1 => {
+            tracing::debug!(sink = %name, reason = %e.reason, "{verb} refused as a whole; sending its entries one by one");
+            for (entry, item) in entries.into_iter().zip(items) {
+                let answer = attempt(name, verb, timeout, &call, vec![entry]).await;
+                settle(name, verb, answer, vec![item]);
+            }
+        }
+        answer => settle(name, verb, answer, items),
     }
 }
 
@@ -237,44 +341,32 @@ impl SinkConfig for SqsSinkConfig {
                     entries.push(e.build());
                     items.push(item);
                 }
-                let call = client
-                    .send_message_batch()
-                    .queue_url(&url)
-                    .set_entries(entries.into_iter().collect::<Result<Vec<_>, _>>().ok());
+                let entries: Vec<_> = entries.into_iter().filter_map(Result::ok).collect();
+                let client = client.clone();
+                let url = url.clone();
                 let name = n.clone();
                 async move {
-                    let r = tokio::time::timeout(timeout, call.send()).await;
-                    match r {
-                        Ok(Ok(out)) => {
-                            api_call(&name, "SendMessageBatch", true);
-                            let failed: std::collections::HashMap<String, (bool, String)> = out
-                                .failed
-                                .into_iter()
-                                .map(|f| (f.id, (f.sender_fault, format!("SendMessageBatch: {} {}", f.code, f.message.unwrap_or_default()))))
-                                .collect();
-                            let ok: std::collections::HashSet<String> =
-                                out.successful.into_iter().map(|s| s.id).collect();
-                            settle(items, |i| {
-                                let id = i.to_string();
-                                match failed.get(&id) {
-                                    Some((true, r)) => EntryResult::Refused(r.clone()),
-                                    Some((false, r)) => EntryResult::Failed(r.clone()),
-                                    None if ok.contains(&id) => EntryResult::Ok,
-                                    None => EntryResult::Failed("SendMessageBatch: no result for this entry".into()),
-                                }
-                            });
+                    if entries.len() != items.len() {
+                        for SinkItem { delivery, .. } in items {
+                            delivery.rejected("an entry could not be built (empty id or body)");
                         }
-                        Ok(Err(e)) => {
-                            api_call(&name, "SendMessageBatch", false);
-                            let reason = format!("SendMessageBatch failed: {}", aws_sdk_sqs::error::DisplayErrorContext(&e));
-                            tracing::warn!(sink = %name, error = %reason, "sqs: batch failed");
-                            settle(items, |_| EntryResult::Failed(reason.clone()));
-                        }
-                        Err(_) => {
-                            api_call(&name, "SendMessageBatch", false);
-                            settle(items, |_| EntryResult::Failed(format!("SendMessageBatch took longer than {timeout:?}")));
-                        }
+                        return;
                     }
+                    let call = |entries: Vec<aws_sdk_sqs::types::SendMessageBatchRequestEntry>| {
+                        let req = client.send_message_batch().queue_url(&url).set_entries(Some(entries));
+                        async move {
+                            let out = req.send().await.map_err(|e| BatchError::from_sdk("SendMessageBatch", &e))?;
+                            Ok(BatchAnswer {
+                                ok: out.successful.into_iter().map(|s| s.id).collect(),
+                                failed: out
+                                    .failed
+                                    .into_iter()
+                                    .map(|f| (f.id, (f.sender_fault, format!("SendMessageBatch: {} {}", f.code, f.message.unwrap_or_default()))))
+                                    .collect(),
+                            })
+                        }
+                    };
+                    send_batch(&name, "SendMessageBatch", timeout, entries, items, call).await;
                 }
             };
             tracing::info!(sink = %name, queue = %self.queue, "sqs: ready");
@@ -356,48 +448,33 @@ impl SinkConfig for SnsSinkConfig {
                     entries.push(e.build());
                     items.push(item);
                 }
-                let call = client
-                    .publish_batch()
-                    .topic_arn(&topic)
-                    .set_publish_batch_request_entries(entries.into_iter().collect::<Result<Vec<_>, _>>().ok());
+                let entries: Vec<_> = entries.into_iter().filter_map(Result::ok).collect();
+                let client = client.clone();
+                let topic = topic.clone();
                 let name = n.clone();
                 async move {
-                    match tokio::time::timeout(timeout, call.send()).await {
-                        Ok(Ok(out)) => {
-                            api_call(&name, "PublishBatch", true);
-                            let failed: std::collections::HashMap<String, (bool, String)> = out
-                                .failed
-                                .unwrap_or_default()
-                                .into_iter()
-                                .map(|f| (f.id, (f.sender_fault, format!("PublishBatch: {} {}", f.code, f.message.unwrap_or_default()))))
-                                .collect();
-                            let ok: std::collections::HashSet<String> = out
-                                .successful
-                                .unwrap_or_default()
-                                .into_iter()
-                                .filter_map(|s| s.id)
-                                .collect();
-                            settle(items, |i| {
-                                let id = i.to_string();
-                                match failed.get(&id) {
-                                    Some((true, r)) => EntryResult::Refused(r.clone()),
-                                    Some((false, r)) => EntryResult::Failed(r.clone()),
-                                    None if ok.contains(&id) => EntryResult::Ok,
-                                    None => EntryResult::Failed("PublishBatch: no result for this entry".into()),
-                                }
-                            });
+                    if entries.len() != items.len() {
+                        for SinkItem { delivery, .. } in items {
+                            delivery.rejected("an entry could not be built (empty id or message)");
                         }
-                        Ok(Err(e)) => {
-                            api_call(&name, "PublishBatch", false);
-                            let reason = format!("PublishBatch failed: {}", aws_sdk_sns::error::DisplayErrorContext(&e));
-                            tracing::warn!(sink = %name, error = %reason, "sns: batch failed");
-                            settle(items, |_| EntryResult::Failed(reason.clone()));
-                        }
-                        Err(_) => {
-                            api_call(&name, "PublishBatch", false);
-                            settle(items, |_| EntryResult::Failed(format!("PublishBatch took longer than {timeout:?}")));
-                        }
+                        return;
                     }
+                    let call = |entries: Vec<aws_sdk_sns::types::PublishBatchRequestEntry>| {
+                        let req = client.publish_batch().topic_arn(&topic).set_publish_batch_request_entries(Some(entries));
+                        async move {
+                            let out = req.send().await.map_err(|e| BatchError::from_sdk("PublishBatch", &e))?;
+                            Ok(BatchAnswer {
+                                ok: out.successful.unwrap_or_default().into_iter().filter_map(|s| s.id).collect(),
+                                failed: out
+                                    .failed
+                                    .unwrap_or_default()
+                                    .into_iter()
+                                    .map(|f| (f.id, (f.sender_fault, format!("PublishBatch: {} {}", f.code, f.message.unwrap_or_default()))))
+                                    .collect(),
+                            })
+                        }
+                    };
+                    send_batch(&name, "PublishBatch", timeout, entries, items, call).await;
                 }
             };
             tracing::info!(sink = %name, topic = %self.topic_arn, "sns: ready");
