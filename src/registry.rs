@@ -300,6 +300,31 @@ pub fn kinds() -> Vec<Kind> {
             "redis",
             "Redis PUBLISH of structured CloudEvents (optionally only counted delivered when a subscriber got it)",
         ),
+        #[cfg(feature = "aws")]
+        source::<sluice_aws::SqsSourceConfig>(
+            "sqs",
+            "Amazon SQS: parallel long polls, bounded in flight, visibility extended, DeleteMessageBatch after delivery, rejections to the dead-letter queue",
+        ),
+        #[cfg(feature = "aws")]
+        sink::<sluice_aws::SqsSinkConfig>(
+            "sqs",
+            "Amazon SQS SendMessageBatch (FIFO group and deduplication ids), delivered = the entry SQS confirmed",
+        ),
+        #[cfg(feature = "aws")]
+        source::<sluice_aws::S3SourceConfig>(
+            "s3",
+            "Amazon S3 object events from bucket notifications through SQS (CloudEvents S3 adapter naming), or polling an S3-compatible bucket",
+        ),
+        #[cfg(feature = "aws")]
+        source::<sluice_aws::SnsSourceConfig>(
+            "sns",
+            "Amazon SNS HTTP endpoint: signatures v1/v2 verified, subscriptions of allowed topics confirmed, 200 only after delivery",
+        ),
+        #[cfg(feature = "aws")]
+        sink::<sluice_aws::SnsSinkConfig>(
+            "sns",
+            "Amazon SNS PublishBatch (FIFO topics), delivered = the entry SNS confirmed",
+        ),
         #[cfg(feature = "http")]
         sink::<sluice_http::HttpSinkConfig>(
             "http",

@@ -28,7 +28,9 @@ pub(crate) struct Attr {
 /// Message attributes travel at most 10 to a message (SQS and SNS).
 pub(crate) const MAX_ATTRIBUTES: usize = 10;
 
-pub(crate) fn from_sqs(attrs: HashMap<String, aws_sdk_sqs::types::MessageAttributeValue>) -> Vec<(String, Attr)> {
+pub(crate) fn from_sqs(
+    attrs: HashMap<String, aws_sdk_sqs::types::MessageAttributeValue>,
+) -> Vec<(String, Attr)> {
     let mut v: Vec<(String, Attr)> = attrs
         .into_iter()
         .map(|(k, a)| {
@@ -75,8 +77,10 @@ pub(crate) enum Decoded {
 /// `specversion` member (a structured event sent without attributes, as most producers do).
 pub(crate) fn decode(attrs: &[(String, Attr)], body: &Bytes) -> Result<Decoded, EventError> {
     let binary = attrs.iter().any(|(k, _)| k == "ce_specversion");
-    let structured_ct = content_type(attrs)
-        .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("application/cloudevents"));
+    let structured_ct = content_type(attrs).is_some_and(|ct| {
+        ct.to_ascii_lowercase()
+            .starts_with("application/cloudevents")
+    });
     if binary || structured_ct {
         let headers: Vec<(&str, &[u8])> = attrs
             .iter()
@@ -165,11 +169,16 @@ pub(crate) fn encode(e: &Event, mode: Mode) -> Encoded {
         let headers = kafka_binding::encode_binary_headers(e);
         let body = match &e.data {
             Data::None => Some(String::new()),
-            d => d.as_bytes().and_then(|b| std::str::from_utf8(b).ok()).map(str::to_owned),
+            d => d
+                .as_bytes()
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .map(str::to_owned),
         };
         if let Some(body) = body {
             if headers.len() <= MAX_ATTRIBUTES
-                && headers.iter().all(|(_, v)| !v.is_empty() && std::str::from_utf8(v).is_ok())
+                && headers
+                    .iter()
+                    .all(|(_, v)| !v.is_empty() && std::str::from_utf8(v).is_ok())
             {
                 return Encoded {
                     body,
@@ -218,7 +227,10 @@ mod tests {
                 Decoded::Plain => panic!("{mode:?}: not recognised"),
             }
         }
-        assert!(encode(&e, Mode::Binary).attrs.iter().any(|(k, _)| k == "ce_id"));
+        assert!(encode(&e, Mode::Binary)
+            .attrs
+            .iter()
+            .any(|(k, _)| k == "ce_id"));
     }
 
     #[test]
@@ -261,11 +273,20 @@ mod tests {
         assert!(matches!(decode(&attrs, &body).unwrap(), Decoded::Plain));
         let mut e = plain_data(Event::new("m1", "/q", "t"), &attrs, body);
         add_extensions(&mut e, &attrs);
-        assert_eq!(e.datacontenttype.as_deref(), Some("text/plain; charset=utf-8"));
-        assert_eq!(e.extension("traceid"), Some(&ExtValue::String("t-1".into())));
+        assert_eq!(
+            e.datacontenttype.as_deref(),
+            Some("text/plain; charset=utf-8")
+        );
+        assert_eq!(
+            e.extension("traceid"),
+            Some(&ExtValue::String("t-1".into()))
+        );
         assert_eq!(e.extension("blob"), Some(&ExtValue::String("AQI=".into())));
         assert_eq!(e.extensions.len(), 2, "{:?}", e.extensions);
         let bad = Bytes::from_static(br#"{"specversion":"1.0","id":""}"#);
-        assert!(decode(&[], &bad).is_err(), "a broken structured event is an error");
+        assert!(
+            decode(&[], &bad).is_err(),
+            "a broken structured event is an error"
+        );
     }
 }

@@ -186,8 +186,8 @@ impl QueueRef {
                 }
                 _ => {
                     return Err(format!(
-                        "queue {s:?} is not an SQS queue ARN (arn:aws:sqs:<region>:<account>:<name>)"
-                    ))
+                    "queue {s:?} is not an SQS queue ARN (arn:aws:sqs:<region>:<account>:<name>)"
+                ))
                 }
             }
         }
@@ -302,8 +302,8 @@ mod tests {
             QueueRef::parse("jobs").unwrap(),
             QueueRef::Name("jobs".into())
         );
-        let u = QueueRef::parse("https://sqs.eu-west-1.amazonaws.com/123456789012/jobs.fifo")
-            .unwrap();
+        let u =
+            QueueRef::parse("https://sqs.eu-west-1.amazonaws.com/123456789012/jobs.fifo").unwrap();
         assert_eq!(u.region(), Some("eu-west-1"));
         assert_eq!(u.name(), "jobs.fifo");
         assert!(u.is_fifo());

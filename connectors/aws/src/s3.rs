@@ -254,7 +254,9 @@ fn notification(body: &[u8]) -> Result<Value, String> {
     if v.get("Type").and_then(Value::as_str) == Some("Notification") {
         if let Some(inner) = v.get("Message").and_then(Value::as_str) {
             return serde_json::from_str(inner).map_err(|e| {
-                format!("the SNS envelope's Message is not JSON ({e}), not an S3 event notification")
+                format!(
+                    "the SNS envelope's Message is not JSON ({e}), not an S3 event notification"
+                )
             });
         }
     }
@@ -296,14 +298,21 @@ impl Decode for Notifications {
             });
             let e = Event::new(&*r.message_id, &*self.name, "minio")
                 .with_subject(&*self.name)
-                .with_time(r.sent.map(Timestamp::from_utc).unwrap_or_else(Timestamp::now))
+                .with_time(
+                    r.sent
+                        .map(Timestamp::from_utc)
+                        .unwrap_or_else(Timestamp::now),
+                )
                 .with_json(serde_json::to_vec(&data).map_err(|e| e.to_string())?);
             return Ok(Made::Events(vec![e]));
         }
         let many = records.len() > 1;
         let mut out = Vec::with_capacity(kept.len());
         for (i, (rec, key)) in kept.into_iter().enumerate() {
-            out.push(record_event(rec, key, &r.message_id, many.then_some(i)).map_err(|e| e.to_string())?);
+            out.push(
+                record_event(rec, key, &r.message_id, many.then_some(i))
+                    .map_err(|e| e.to_string())?,
+            );
         }
         Ok(Made::Events(out))
     }
@@ -435,7 +444,9 @@ impl Poller {
                 }
                 Err(e) => {
                     failures += 1;
-                    let wait = poll_backoff(failures).max(Duration::from_secs(1)).min(self.cfg.interval.get());
+                    let wait = poll_backoff(failures)
+                        .max(Duration::from_secs(1))
+                        .min(self.cfg.interval.get());
                     tracing::warn!(source = %self.name, bucket = %self.bucket, error = %e, retry_in = ?wait, "s3: listing failed");
                     wait
                 }
@@ -504,7 +515,10 @@ impl Poller {
 
     fn event(&self, o: &Seen) -> Result<Event, String> {
         let etag = o.etag.trim_matches('"');
-        let time = o.modified.map(Timestamp::from_utc).unwrap_or_else(Timestamp::now);
+        let time = o
+            .modified
+            .map(Timestamp::from_utc)
+            .unwrap_or_else(Timestamp::now);
         let data = serde_json::json!({
             "eventSource": "aws:s3",
             "awsRegion": self.region,
@@ -574,7 +588,10 @@ mod tests {
 
     #[test]
     fn event_patterns_and_keys() {
-        let p = vec!["s3:ObjectCreated:*".to_string(), "s3:ObjectRemoved:Delete".into()];
+        let p = vec![
+            "s3:ObjectCreated:*".to_string(),
+            "s3:ObjectRemoved:Delete".into(),
+        ];
         assert!(event_matches(&p, "ObjectCreated:Put"));
         assert!(event_matches(&p, "ObjectRemoved:Delete"));
         assert!(!event_matches(&p, "ObjectRemoved:DeleteMarkerCreated"));
@@ -616,36 +633,60 @@ mod tests {
     #[test]
     fn records_are_named_after_the_adapter_directly_and_inside_sns_envelopes() {
         let direct = format!(r#"{{"Records":[{RECORD}]}}"#);
-        let envelope = serde_json::json!({"Type": "Notification", "MessageId": "x", "Message": direct}).to_string();
+        let envelope =
+            serde_json::json!({"Type": "Notification", "MessageId": "x", "Message": direct})
+                .to_string();
         for body in [direct.clone(), envelope] {
-            let Made::Events(ev) = decoder(&[], KeyFilter::default()).events(&received(body), "arn").unwrap() else {
+            let Made::Events(ev) = decoder(&[], KeyFilter::default())
+                .events(&received(body), "arn")
+                .unwrap()
+            else {
                 panic!("skipped")
             };
             assert_eq!(ev.len(), 1);
             let e = &ev[0];
-            assert_eq!(e.id, "C3D13FE58DE4C810.FMyUVURIY8/IgAtTv8xRjskZQpcIZ9KG4V5Wp6S7S/JRWeUWerMUE5JgHvANOjpD");
+            assert_eq!(
+                e.id,
+                "C3D13FE58DE4C810.FMyUVURIY8/IgAtTv8xRjskZQpcIZ9KG4V5Wp6S7S/JRWeUWerMUE5JgHvANOjpD"
+            );
             assert_eq!(e.source, "aws:s3.us-west-2.amzn-s3-demo-bucket");
             assert_eq!(e.ty, "com.amazonaws.s3.ObjectCreated:Put");
             assert_eq!(e.subject.as_deref(), Some("HappyFace.jpg"));
-            assert_eq!(e.time.as_ref().unwrap().as_str(), "1970-01-01T00:00:00.000Z");
+            assert_eq!(
+                e.time.as_ref().unwrap().as_str(),
+                "1970-01-01T00:00:00.000Z"
+            );
             let data: Value = serde_json::from_slice(e.data.as_bytes().unwrap()).unwrap();
             assert_eq!(data, serde_json::from_str::<Value>(RECORD).unwrap());
         }
-        let only_csv = KeyFilter { prefix: None, suffix: Some(".csv".into()) };
+        let only_csv = KeyFilter {
+            prefix: None,
+            suffix: Some(".csv".into()),
+        };
         assert!(matches!(
-            decoder(&[], only_csv).events(&received(direct.clone()), "arn").unwrap(),
+            decoder(&[], only_csv)
+                .events(&received(direct.clone()), "arn")
+                .unwrap(),
             Made::Skip("filtered")
         ));
         assert!(matches!(
-            decoder(&["s3:ObjectRemoved:*"], KeyFilter::default()).events(&received(direct), "arn").unwrap(),
+            decoder(&["s3:ObjectRemoved:*"], KeyFilter::default())
+                .events(&received(direct), "arn")
+                .unwrap(),
             Made::Skip("filtered")
         ));
         let test_event = r#"{"Service":"Amazon S3","Event":"s3:TestEvent","Time":"2014-10-13T15:57:02.089Z","Bucket":"b","RequestId":"5582815E1AEA5ADF","HostId":"8cLeGAmw"}"#;
         assert!(matches!(
-            decoder(&[], KeyFilter::default()).events(&received(test_event.into()), "arn").unwrap(),
+            decoder(&[], KeyFilter::default())
+                .events(&received(test_event.into()), "arn")
+                .unwrap(),
             Made::Skip("s3_test_event")
         ));
-        assert!(decoder(&[], KeyFilter::default()).events(&received("hello".into()), "arn").is_err());
-        assert!(decoder(&[], KeyFilter::default()).events(&received("{}".into()), "arn").is_err());
+        assert!(decoder(&[], KeyFilter::default())
+            .events(&received("hello".into()), "arn")
+            .is_err());
+        assert!(decoder(&[], KeyFilter::default())
+            .events(&received("{}".into()), "arn")
+            .is_err());
     }
 }

@@ -68,7 +68,11 @@ fn thirty_seconds() -> HumanDuration {
     HumanDuration::from_secs(30)
 }
 
-fn check_common(concurrency: usize, timeout: Duration, group_id: Option<&str>) -> Result<(), String> {
+fn check_common(
+    concurrency: usize,
+    timeout: Duration,
+    group_id: Option<&str>,
+) -> Result<(), String> {
     if concurrency == 0 || concurrency > 256 {
         return Err("concurrency must be between 1 and 256".into());
     }
@@ -112,7 +116,12 @@ fn batches(items: Vec<(SinkItem, Encoded)>) -> Vec<Vec<(SinkItem, Encoded)>> {
     let mut cur: Vec<(SinkItem, Encoded)> = Vec::with_capacity(BATCH);
     let mut bytes = 0;
     for (item, enc) in items {
-        let size = enc.body.len() + enc.attrs.iter().map(|(k, v)| k.len() + v.len() + 6).sum::<usize>();
+        let size = enc.body.len()
+            + enc
+                .attrs
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 6)
+                .sum::<usize>();
         if !cur.is_empty() && (cur.len() == BATCH || bytes + size > BATCH_BYTES) {
             out.push(std::mem::take(&mut cur));
             bytes = 0;
@@ -164,7 +173,10 @@ impl BatchError {
             }
             other => BatchError {
                 sender_fault: false,
-                reason: format!("{verb} failed: {}", aws_sdk_sqs::error::DisplayErrorContext(other)),
+                reason: format!(
+                    "{verb} failed: {}",
+                    aws_sdk_sqs::error::DisplayErrorContext(other)
+                ),
             },
         }
     }
@@ -265,7 +277,9 @@ where
     let mut buf: Vec<SinkItem> = Vec::with_capacity(BATCH);
     loop {
         match window
-            .step(&ctx.grace_over, true, |_| ctx.input.recv_many(&mut buf, BATCH))
+            .step(&ctx.grace_over, true, |_| {
+                ctx.input.recv_many(&mut buf, BATCH)
+            })
             .await
         {
             Step::Input(0) => {
@@ -299,7 +313,11 @@ impl SinkConfig for SqsSinkConfig {
     fn validate(&self, _name: &str) -> Result<(), String> {
         self.connection().check()?;
         QueueRef::parse(&self.queue)?;
-        check_common(self.concurrency, self.timeout.get(), self.group_id.as_deref())
+        check_common(
+            self.concurrency,
+            self.timeout.get(),
+            self.group_id.as_deref(),
+        )
     }
 
     fn build(
@@ -353,15 +371,33 @@ impl SinkConfig for SqsSinkConfig {
                         return;
                     }
                     let call = |entries: Vec<aws_sdk_sqs::types::SendMessageBatchRequestEntry>| {
-                        let req = client.send_message_batch().queue_url(&url).set_entries(Some(entries));
+                        let req = client
+                            .send_message_batch()
+                            .queue_url(&url)
+                            .set_entries(Some(entries));
                         async move {
-                            let out = req.send().await.map_err(|e| BatchError::from_sdk("SendMessageBatch", &e))?;
+                            let out = req
+                                .send()
+                                .await
+                                .map_err(|e| BatchError::from_sdk("SendMessageBatch", &e))?;
                             Ok(BatchAnswer {
                                 ok: out.successful.into_iter().map(|s| s.id).collect(),
                                 failed: out
                                     .failed
                                     .into_iter()
-                                    .map(|f| (f.id, (f.sender_fault, format!("SendMessageBatch: {} {}", f.code, f.message.unwrap_or_default()))))
+                                    .map(|f| {
+                                        (
+                                            f.id,
+                                            (
+                                                f.sender_fault,
+                                                format!(
+                                                    "SendMessageBatch: {} {}",
+                                                    f.code,
+                                                    f.message.unwrap_or_default()
+                                                ),
+                                            ),
+                                        )
+                                    })
                                     .collect(),
                             })
                         }
@@ -370,7 +406,15 @@ impl SinkConfig for SqsSinkConfig {
                 }
             };
             tracing::info!(sink = %name, queue = %self.queue, "sqs: ready");
-            Ok(Box::pin(run_batches("sqs", name, ctx, self.concurrency, self.mode, false, send)) as Running)
+            Ok(Box::pin(run_batches(
+                "sqs",
+                name,
+                ctx,
+                self.concurrency,
+                self.mode,
+                false,
+                send,
+            )) as Running)
         })
     }
 }
@@ -382,7 +426,11 @@ impl SinkConfig for SnsSinkConfig {
         if let Some(s) = &self.subject {
             Template::parse("subject", s)?;
         }
-        check_common(self.concurrency, self.timeout.get(), self.group_id.as_deref())
+        check_common(
+            self.concurrency,
+            self.timeout.get(),
+            self.group_id.as_deref(),
+        )
     }
 
     fn build(
@@ -408,7 +456,8 @@ impl SinkConfig for SnsSinkConfig {
                         aws_sdk_sns::error::DisplayErrorContext(&e)
                     ))
                 })?;
-            let fifo = Fifo::new(self.topic_arn.ends_with(".fifo"), self.group_id.as_deref()).map_err(err)?;
+            let fifo = Fifo::new(self.topic_arn.ends_with(".fifo"), self.group_id.as_deref())
+                .map_err(err)?;
             let fifo = std::sync::Arc::new(fifo);
             let subject = self
                 .subject
@@ -460,16 +509,39 @@ impl SinkConfig for SnsSinkConfig {
                         return;
                     }
                     let call = |entries: Vec<aws_sdk_sns::types::PublishBatchRequestEntry>| {
-                        let req = client.publish_batch().topic_arn(&topic).set_publish_batch_request_entries(Some(entries));
+                        let req = client
+                            .publish_batch()
+                            .topic_arn(&topic)
+                            .set_publish_batch_request_entries(Some(entries));
                         async move {
-                            let out = req.send().await.map_err(|e| BatchError::from_sdk("PublishBatch", &e))?;
+                            let out = req
+                                .send()
+                                .await
+                                .map_err(|e| BatchError::from_sdk("PublishBatch", &e))?;
                             Ok(BatchAnswer {
-                                ok: out.successful.unwrap_or_default().into_iter().filter_map(|s| s.id).collect(),
+                                ok: out
+                                    .successful
+                                    .unwrap_or_default()
+                                    .into_iter()
+                                    .filter_map(|s| s.id)
+                                    .collect(),
                                 failed: out
                                     .failed
                                     .unwrap_or_default()
                                     .into_iter()
-                                    .map(|f| (f.id, (f.sender_fault, format!("PublishBatch: {} {}", f.code, f.message.unwrap_or_default()))))
+                                    .map(|f| {
+                                        (
+                                            f.id,
+                                            (
+                                                f.sender_fault,
+                                                format!(
+                                                    "PublishBatch: {} {}",
+                                                    f.code,
+                                                    f.message.unwrap_or_default()
+                                                ),
+                                            ),
+                                        )
+                                    })
                                     .collect(),
                             })
                         }
@@ -478,7 +550,15 @@ impl SinkConfig for SnsSinkConfig {
                 }
             };
             tracing::info!(sink = %name, topic = %self.topic_arn, "sns: ready");
-            Ok(Box::pin(run_batches("sns", name, ctx, self.concurrency, self.mode, true, send)) as Running)
+            Ok(Box::pin(run_batches(
+                "sns",
+                name,
+                ctx,
+                self.concurrency,
+                self.mode,
+                true,
+                send,
+            )) as Running)
         })
     }
 }

@@ -141,12 +141,14 @@ impl SourceConfig for SnsSourceConfig {
             let name = ctx.name.clone();
             let err = |m: String| ConnectorError(format!("sns source {name}: {m}"));
             let client = https_client(self.ca.as_ref()).map_err(err)?;
-            let listener = tokio::net::TcpListener::bind(self.listen).await.map_err(|e| {
-                err(format!(
-                    "cannot listen on {} ({e}); is another process using the port?",
-                    self.listen
-                ))
-            })?;
+            let listener = tokio::net::TcpListener::bind(self.listen)
+                .await
+                .map_err(|e| {
+                    err(format!(
+                        "cannot listen on {} ({e}); is another process using the port?",
+                        self.listen
+                    ))
+                })?;
             let endpoint = Arc::new(Endpoint {
                 metadata: serde_json::to_value(&self.metadata).unwrap_or_default(),
                 certs: Mutex::new(HashMap::new()),
@@ -281,13 +283,22 @@ pub(crate) fn canonical(e: &Envelope) -> Result<String, &'static str> {
         "SubscriptionConfirmation" | "UnsubscribeConfirmation" => {
             add("Message", &e.message);
             add("MessageId", &e.message_id);
-            add("SubscribeURL", e.subscribe_url.as_deref().ok_or("SubscribeURL is missing")?);
+            add(
+                "SubscribeURL",
+                e.subscribe_url
+                    .as_deref()
+                    .ok_or("SubscribeURL is missing")?,
+            );
             add("Timestamp", &e.timestamp);
             add("Token", e.token.as_deref().ok_or("Token is missing")?);
             add("TopicArn", &e.topic_arn);
             add("Type", &e.kind);
         }
-        _ => return Err("Type is not Notification, SubscriptionConfirmation or UnsubscribeConfirmation"),
+        _ => {
+            return Err(
+                "Type is not Notification, SubscriptionConfirmation or UnsubscribeConfirmation",
+            )
+        }
     }
     Ok(out)
 }
@@ -307,7 +318,10 @@ pub(crate) fn allowed_url(url: &str, extra: &[String]) -> bool {
     if auth.as_str().contains('@') {
         return false;
     }
-    if extra.iter().any(|h| h.eq_ignore_ascii_case(auth.as_str()) || h.eq_ignore_ascii_case(auth.host()) && auth.port().is_none()) {
+    if extra.iter().any(|h| {
+        h.eq_ignore_ascii_case(auth.as_str())
+            || h.eq_ignore_ascii_case(auth.host()) && auth.port().is_none()
+    }) {
         return true;
     }
     if auth.port().is_some() {
@@ -319,7 +333,10 @@ pub(crate) fn allowed_url(url: &str, extra: &[String]) -> bool {
         .or_else(|| host.strip_suffix(".amazonaws.com.cn"));
     match rest.and_then(|r| r.strip_prefix("sns.")) {
         Some(region) => {
-            region.len() >= 3 && region.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            region.len() >= 3
+                && region
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
         }
         None => false,
     }
@@ -327,7 +344,12 @@ pub(crate) fn allowed_url(url: &str, extra: &[String]) -> bool {
 
 /// Verifies `signature` (base64) over `canonical` with the certificate's RSA key: SHA1 for
 /// version 1, SHA256 for version 2. The certificate must be within its validity period.
-pub(crate) fn verify(cert_der: &[u8], version: &str, canonical: &[u8], signature: &str) -> Result<(), &'static str> {
+pub(crate) fn verify(
+    cert_der: &[u8],
+    version: &str,
+    canonical: &[u8],
+    signature: &str,
+) -> Result<(), &'static str> {
     use aws_lc_rs::signature;
     let alg: &dyn signature::VerificationAlgorithm = match version {
         "1" => &signature::RSA_PKCS1_2048_8192_SHA1_FOR_LEGACY_USE_ONLY,
@@ -369,7 +391,13 @@ fn answer(status: StatusCode, text: impl Into<String>) -> Response<Full<Bytes>> 
 }
 
 impl Endpoint {
-    fn refuse(&self, status: StatusCode, metric: &'static str, reason: &str, message_id: &str) -> Response<Full<Bytes>> {
+    fn refuse(
+        &self,
+        status: StatusCode,
+        metric: &'static str,
+        reason: &str,
+        message_id: &str,
+    ) -> Response<Full<Bytes>> {
         tracing::warn!(source = %self.name, message = %message_id, reason, "sns: refused");
         self.sender.telemetry().rejected(metric, 1);
         answer(status, reason)
@@ -387,8 +415,15 @@ impl Endpoint {
         let body = match Limited::new(req.into_body(), limit).collect().await {
             Ok(b) => b.to_bytes(),
             Err(e) => {
-                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                    return self.refuse(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "body larger than max_body", "");
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
+                    return self.refuse(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "too_large",
+                        "body larger than max_body",
+                        "",
+                    );
                 }
                 return answer(StatusCode::BAD_REQUEST, "cannot read the body");
             }
@@ -400,35 +435,80 @@ impl Endpoint {
         let env: Envelope = match serde_json::from_slice(&body) {
             Ok(e) => e,
             Err(e) => {
-                return self.refuse(StatusCode::BAD_REQUEST, "invalid_message", &format!("not an SNS message: {e}"), "")
+                return self.refuse(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_message",
+                    &format!("not an SNS message: {e}"),
+                    "",
+                )
             }
         };
-        if !self.cfg.topic_arns.iter().any(|t| *t == env.topic_arn) {
-            return self.refuse(StatusCode::FORBIDDEN, "topic_not_allowed", &format!("topic {} is not in topic_arns", env.topic_arn), &env.message_id);
+        if !self.cfg.topic_arns.contains(&env.topic_arn) {
+            return self.refuse(
+                StatusCode::FORBIDDEN,
+                "topic_not_allowed",
+                &format!("topic {} is not in topic_arns", env.topic_arn),
+                &env.message_id,
+            );
         }
         let Ok(at) = Timestamp::parse(&env.timestamp) else {
-            return self.refuse(StatusCode::BAD_REQUEST, "invalid_message", "Timestamp is not an RFC 3339 time", &env.message_id);
+            return self.refuse(
+                StatusCode::BAD_REQUEST,
+                "invalid_message",
+                "Timestamp is not an RFC 3339 time",
+                &env.message_id,
+            );
         };
         let age = (chrono::Utc::now() - at.instant().to_utc()).abs();
         if age.to_std().unwrap_or(Duration::MAX) > self.cfg.max_age.get() {
-            return self.refuse(StatusCode::UNAUTHORIZED, "stale", "Timestamp is further from now than max_age", &env.message_id);
+            return self.refuse(
+                StatusCode::UNAUTHORIZED,
+                "stale",
+                "Timestamp is further from now than max_age",
+                &env.message_id,
+            );
         }
         let text = match canonical(&env) {
             Ok(t) => t,
-            Err(r) => return self.refuse(StatusCode::BAD_REQUEST, "invalid_message", r, &env.message_id),
+            Err(r) => {
+                return self.refuse(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_message",
+                    r,
+                    &env.message_id,
+                )
+            }
         };
         if !allowed_url(&env.signing_cert_url, &self.cfg.cert_hosts) {
-            return self.refuse(StatusCode::UNAUTHORIZED, "bad_cert_url", "SigningCertURL is not HTTPS on an SNS host", &env.message_id);
+            return self.refuse(
+                StatusCode::UNAUTHORIZED,
+                "bad_cert_url",
+                "SigningCertURL is not HTTPS on an SNS host",
+                &env.message_id,
+            );
         }
         let cert = match self.cert(&env.signing_cert_url).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(source = %self.name, url = %env.signing_cert_url, error = %e, "sns: cannot fetch the signing certificate; answered 503 so SNS retries");
-                return answer(StatusCode::SERVICE_UNAVAILABLE, "cannot fetch the signing certificate; retry later");
+                return answer(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "cannot fetch the signing certificate; retry later",
+                );
             }
         };
-        if let Err(r) = verify(&cert, &env.signature_version, text.as_bytes(), &env.signature) {
-            return self.refuse(StatusCode::UNAUTHORIZED, "bad_signature", r, &env.message_id);
+        if let Err(r) = verify(
+            &cert,
+            &env.signature_version,
+            text.as_bytes(),
+            &env.signature,
+        ) {
+            return self.refuse(
+                StatusCode::UNAUTHORIZED,
+                "bad_signature",
+                r,
+                &env.message_id,
+            );
         }
         match env.kind.as_str() {
             "SubscriptionConfirmation" => self.confirm(&env).await,
@@ -439,7 +519,14 @@ impl Endpoint {
             _ => {
                 let event = match self.event(&env, &headers, &body) {
                     Ok(e) => e,
-                    Err(r) => return self.refuse(StatusCode::BAD_REQUEST, "invalid_event", &r, &env.message_id),
+                    Err(r) => {
+                        return self.refuse(
+                            StatusCode::BAD_REQUEST,
+                            "invalid_event",
+                            &r,
+                            &env.message_id,
+                        )
+                    }
                 };
                 self.deliver(event).await
             }
@@ -447,7 +534,12 @@ impl Endpoint {
     }
 
     async fn cert(&self, url: &str) -> Result<Arc<Vec<u8>>, String> {
-        if let Some(c) = self.certs.lock().unwrap_or_else(|p| p.into_inner()).get(url) {
+        if let Some(c) = self
+            .certs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(url)
+        {
             return Ok(c.clone());
         }
         let pem = self.get(url).await?;
@@ -475,10 +567,13 @@ impl Endpoint {
         if !resp.status().is_success() {
             return Err(format!("answered {}", resp.status()));
         }
-        let body = tokio::time::timeout(Duration::from_secs(10), Limited::new(resp.into_body(), 64 * 1024).collect())
-            .await
-            .map_err(|_| "body not read within 10s".to_string())?
-            .map_err(|e| e.to_string())?;
+        let body = tokio::time::timeout(
+            Duration::from_secs(10),
+            Limited::new(resp.into_body(), 64 * 1024).collect(),
+        )
+        .await
+        .map_err(|_| "body not read within 10s".to_string())?
+        .map_err(|e| e.to_string())?;
         Ok(body.to_bytes())
     }
 
@@ -489,7 +584,12 @@ impl Endpoint {
         }
         let url = env.subscribe_url.as_deref().unwrap_or("");
         if !allowed_url(url, &self.cfg.cert_hosts) {
-            return self.refuse(StatusCode::UNAUTHORIZED, "bad_subscribe_url", "SubscribeURL is not HTTPS on an SNS host", &env.message_id);
+            return self.refuse(
+                StatusCode::UNAUTHORIZED,
+                "bad_subscribe_url",
+                "SubscribeURL is not HTTPS on an SNS host",
+                &env.message_id,
+            );
         }
         match self.get(url).await {
             Ok(_) => {
@@ -498,26 +598,39 @@ impl Endpoint {
             }
             Err(e) => {
                 tracing::warn!(source = %self.name, topic = %env.topic_arn, error = %e, "sns: subscription confirmation failed; SNS will send it again");
-                answer(StatusCode::BAD_GATEWAY, "cannot confirm the subscription; retry later")
+                answer(
+                    StatusCode::BAD_GATEWAY,
+                    "cannot confirm the subscription; retry later",
+                )
             }
         }
     }
 
     /// A notification as the CloudEvents SNS adapter names it, or in Argo's shape.
-    fn event(&self, env: &Envelope, headers: &http::HeaderMap, body: &Bytes) -> Result<Event, String> {
+    fn event(
+        &self,
+        env: &Envelope,
+        headers: &http::HeaderMap,
+        body: &Bytes,
+    ) -> Result<Event, String> {
         let time = Timestamp::parse(&env.timestamp).map_err(|e| e.to_string())?;
         if self.cfg.format == Format::Argo {
             let mut h = serde_json::Map::new();
             for (k, v) in headers {
                 if let Ok(v) = v.to_str() {
-                    h.entry(canonical_header(k.as_str()))
+                    if let Some(a) = h
+                        .entry(canonical_header(k.as_str()))
                         .or_insert_with(|| serde_json::Value::Array(vec![]))
                         .as_array_mut()
-                        .map(|a| a.push(v.into()));
+                    {
+                        a.push(v.into());
+                    }
                 }
             }
-            let envelope: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-            let data = serde_json::json!({"header": h, "body": envelope, "metadata": self.metadata});
+            let envelope: serde_json::Value =
+                serde_json::from_slice(body).map_err(|e| e.to_string())?;
+            let data =
+                serde_json::json!({"header": h, "body": envelope, "metadata": self.metadata});
             return Ok(Event::new(&*env.message_id, &*self.name, "sns")
                 .with_subject(&*self.name)
                 .with_time(Timestamp::now())
@@ -528,9 +641,13 @@ impl Endpoint {
             .and_then(|v| v.to_str().ok())
             .filter(|s| !s.is_empty())
             .unwrap_or(&env.topic_arn);
-        let mut e = Event::new(&*env.message_id, source, format!("com.amazonaws.sns.{}", env.kind))
-            .with_time(time)
-            .with_json(body.clone());
+        let mut e = Event::new(
+            &*env.message_id,
+            source,
+            format!("com.amazonaws.sns.{}", env.kind),
+        )
+        .with_time(time)
+        .with_json(body.clone());
         e.datacontenttype = Some("application/json".into());
         if let Some(s) = &env.subject {
             e = e.with_subject(&**s);
@@ -545,23 +662,51 @@ impl Endpoint {
         let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("");
         let id = h("x-amz-sns-message-id");
         if !self.cfg.raw {
-            return self.refuse(StatusCode::UNAUTHORIZED, "unsigned", "raw message delivery is not signed; set raw: true to accept it", id);
+            return self.refuse(
+                StatusCode::UNAUTHORIZED,
+                "unsigned",
+                "raw message delivery is not signed; set raw: true to accept it",
+                id,
+            );
         }
         let topic = h("x-amz-sns-topic-arn");
         if !self.cfg.topic_arns.iter().any(|t| t == topic) {
-            return self.refuse(StatusCode::FORBIDDEN, "topic_not_allowed", "x-amz-sns-topic-arn is not in topic_arns", id);
+            return self.refuse(
+                StatusCode::FORBIDDEN,
+                "topic_not_allowed",
+                "x-amz-sns-topic-arn is not in topic_arns",
+                id,
+            );
         }
         if id.is_empty() {
-            return self.refuse(StatusCode::BAD_REQUEST, "missing_header", "x-amz-sns-message-id is missing", id);
+            return self.refuse(
+                StatusCode::BAD_REQUEST,
+                "missing_header",
+                "x-amz-sns-message-id is missing",
+                id,
+            );
         }
         let sub = h("x-amz-sns-subscription-arn");
-        let ct = if sluice_core::event::is_json(&body) { "application/json" } else { "text/plain; charset=utf-8" };
+        let ct = if sluice_core::event::is_json(&body) {
+            "application/json"
+        } else {
+            "text/plain; charset=utf-8"
+        };
         let data = sluice_core::Data::from_bytes(body, Some(ct));
-        let e = Event::new(id, if sub.is_empty() { topic } else { sub }, "com.amazonaws.sns.Notification")
-            .with_time(Timestamp::now())
-            .with_data(Some(ct.into()), data);
+        let e = Event::new(
+            id,
+            if sub.is_empty() { topic } else { sub },
+            "com.amazonaws.sns.Notification",
+        )
+        .with_time(Timestamp::now())
+        .with_data(Some(ct.into()), data);
         if let Err(err) = e.validate() {
-            return self.refuse(StatusCode::BAD_REQUEST, "invalid_event", &err.to_string(), id);
+            return self.refuse(
+                StatusCode::BAD_REQUEST,
+                "invalid_event",
+                &err.to_string(),
+                id,
+            );
         }
         self.deliver(e).await
     }
@@ -574,13 +719,28 @@ impl Endpoint {
             ..SendOptions::default()
         };
         let Ok(pending) = self.sender.send_with(vec![e], opts).await else {
-            return answer(StatusCode::SERVICE_UNAVAILABLE, "the pipeline is full; retry later");
+            return answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the pipeline is full; retry later",
+            );
         };
         match tokio::time::timeout(self.cfg.ack_timeout.get(), pending).await {
             Ok(o) if o.status == Status::Delivered => answer(StatusCode::OK, "delivered"),
-            Ok(o) if o.status == Status::Rejected => answer(StatusCode::UNPROCESSABLE_ENTITY, format!("rejected: {}", o.reason.unwrap_or_default())),
-            Ok(o) => answer(StatusCode::SERVICE_UNAVAILABLE, format!("not delivered: {}; retry later", o.reason.unwrap_or_default())),
-            Err(_) => answer(StatusCode::SERVICE_UNAVAILABLE, "not delivered within ack_timeout; retry later"),
+            Ok(o) if o.status == Status::Rejected => answer(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("rejected: {}", o.reason.unwrap_or_default()),
+            ),
+            Ok(o) => answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "not delivered: {}; retry later",
+                    o.reason.unwrap_or_default()
+                ),
+            ),
+            Err(_) => answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not delivered within ack_timeout; retry later",
+            ),
         }
     }
 }
@@ -606,8 +766,14 @@ mod tests {
     #[test]
     fn certificate_urls_only_https_on_sns_hosts() {
         let none: Vec<String> = vec![];
-        assert!(allowed_url("https://sns.us-east-1.amazonaws.com/SimpleNotificationService-abc.pem", &none));
-        assert!(allowed_url("https://sns.cn-north-1.amazonaws.com.cn/x.pem", &none));
+        assert!(allowed_url(
+            "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-abc.pem",
+            &none
+        ));
+        assert!(allowed_url(
+            "https://sns.cn-north-1.amazonaws.com.cn/x.pem",
+            &none
+        ));
         for bad in [
             "http://sns.us-east-1.amazonaws.com/x.pem",
             "https://sns.us-east-1.amazonaws.com.evil.com/x.pem",
@@ -646,7 +812,9 @@ mod tests {
             "Message\nhello\nworld\nMessageId\nid\nTimestamp\n2026-01-01T00:00:00.000Z\nTopicArn\narn:aws:sns:us-east-1:1:t\nType\nNotification\n"
         );
         e.subject = Some("s".into());
-        assert!(canonical(&e).unwrap().contains("MessageId\nid\nSubject\ns\nTimestamp"));
+        assert!(canonical(&e)
+            .unwrap()
+            .contains("MessageId\nid\nSubject\ns\nTimestamp"));
         e.kind = "SubscriptionConfirmation".into();
         assert_eq!(
             canonical(&e).unwrap(),
@@ -656,6 +824,9 @@ mod tests {
         assert!(canonical(&e).is_err());
         e.kind = "Other".into();
         assert!(canonical(&e).is_err());
-        assert_eq!(canonical_header("x-amz-sns-message-type"), "X-Amz-Sns-Message-Type");
+        assert_eq!(
+            canonical_header("x-amz-sns-message-type"),
+            "X-Amz-Sns-Message-Type"
+        );
     }
 }

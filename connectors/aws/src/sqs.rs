@@ -256,18 +256,29 @@ impl Decode for Plain {
             data.extend_from_slice(b",\"metadata\":");
             data.extend_from_slice(&self.metadata);
             data.push(b'}');
-            let e = Event::new(&*r.message_id, self.source.as_deref().unwrap_or(&self.name), &*self.ty)
-                .with_subject(&*self.name)
-                .with_time(r.sent.map(Timestamp::from_utc).unwrap_or_else(Timestamp::now))
-                .with_json(data);
+            let e = Event::new(
+                &*r.message_id,
+                self.source.as_deref().unwrap_or(&self.name),
+                &*self.ty,
+            )
+            .with_subject(&*self.name)
+            .with_time(
+                r.sent
+                    .map(Timestamp::from_utc)
+                    .unwrap_or_else(Timestamp::now),
+            )
+            .with_json(data);
             return Ok(Made::Events(vec![e]));
         }
         match attrs::decode(&r.attrs, &r.body).map_err(|e| e.to_string())? {
             Decoded::Event(e) => Ok(Made::Events(vec![*e])),
             Decoded::Plain => {
                 // id and time from SQS: the same on every redelivery.
-                let mut e = Event::new(&*r.message_id, source, &*self.ty)
-                    .with_time(r.sent.map(Timestamp::from_utc).unwrap_or_else(Timestamp::now));
+                let mut e = Event::new(&*r.message_id, source, &*self.ty).with_time(
+                    r.sent
+                        .map(Timestamp::from_utc)
+                        .unwrap_or_else(Timestamp::now),
+                );
                 e = attrs::plain_data(e, &r.attrs, r.body.clone());
                 attrs::add_extensions(&mut e, &r.attrs);
                 e.validate().map_err(|e| e.to_string())?;
@@ -288,7 +299,11 @@ impl SourceConfig for SqsSourceConfig {
         sluice_core::event::check_source_and_type(
             self.event_source
                 .as_deref()
-                .unwrap_or(if self.format == Format::Argo { name } else { "arn:aws:sqs:r:1:q" }),
+                .unwrap_or(if self.format == Format::Argo {
+                    name
+                } else {
+                    "arn:aws:sqs:r:1:q"
+                }),
             ty,
         )
     }
@@ -354,7 +369,11 @@ pub(crate) fn start<D: Decode>(
                 let target = serde_json::from_str::<serde_json::Value>(&policy)
                     .ok()
                     .and_then(|v| v.get("deadLetterTargetArn")?.as_str().map(str::to_owned))
-                    .ok_or_else(|| err(format!("queue {url}: cannot read its RedrivePolicy {policy:?}")))?;
+                    .ok_or_else(|| {
+                        err(format!(
+                            "queue {url}: cannot read its RedrivePolicy {policy:?}"
+                        ))
+                    })?;
                 let dq = QueueRef::parse(&target).map_err(err)?;
                 Some(dq.resolve(&client).await.map_err(err)?)
             }
@@ -418,9 +437,8 @@ impl<D: Decode> Engine<D> {
             api_call(&name, "ReceiveMessage", r.is_ok());
             (
                 n,
-                r.map(|o| o.messages.unwrap_or_default()).map_err(|e| {
-                    aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()
-                }),
+                r.map(|o| o.messages.unwrap_or_default())
+                    .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()),
             )
         })
     }
@@ -474,7 +492,10 @@ impl<D: Decode> Engine<D> {
                 .await;
                 break;
             }
-            let linger = [deletes.deadline(), hide.deadline()].into_iter().flatten().min();
+            let linger = [deletes.deadline(), hide.deadline()]
+                .into_iter()
+                .flatten()
+                .min();
             tokio::select! {
                 biased;
                 Some((h, outcome)) = window.next(), if !window.is_empty() => {
@@ -559,13 +580,18 @@ impl<D: Decode> Engine<D> {
             match self.decode.events(&r, &self.arn) {
                 Ok(Made::Events(events)) => {
                     let opts = SendOptions {
-                        timeout: Some((self.polling.visibility_timeout / 4).max(Duration::from_millis(100))),
+                        timeout: Some(
+                            (self.polling.visibility_timeout / 4).max(Duration::from_millis(100)),
+                        ),
                         deadline: Some(Instant::now() + self.polling.max_extension),
                         ..SendOptions::default()
                     };
                     match ctx.sender.send_with(events, opts).await {
                         Ok(pending) => {
-                            let handle = Handle { attrs: r.attrs, ..handle };
+                            let handle = Handle {
+                                attrs: r.attrs,
+                                ..handle
+                            };
                             window.push(handle, pending);
                             self.telemetry.in_flight.set(window.len() as f64);
                         }
@@ -586,7 +612,10 @@ impl<D: Decode> Engine<D> {
                 Err(e) => {
                     tracing::warn!(source = %self.name, message = %r.message_id, error = %e, "{}: not a valid event", self.decode.kind());
                     ctx.sender.telemetry().rejected("invalid_event", 1);
-                    let handle = Handle { attrs: r.attrs, ..handle };
+                    let handle = Handle {
+                        attrs: r.attrs,
+                        ..handle
+                    };
                     self.reject(handle, hide, calls);
                 }
             }
@@ -692,7 +721,11 @@ impl<D: Decode> Engine<D> {
         })
     }
 
-    fn change_visibility(&self, items: Vec<(String, i32)>, extension: bool) -> BoxFuture<'static, ()> {
+    fn change_visibility(
+        &self,
+        items: Vec<(String, i32)>,
+        extension: bool,
+    ) -> BoxFuture<'static, ()> {
         let entries: Vec<_> = items
             .into_iter()
             .enumerate()
@@ -714,7 +747,11 @@ impl<D: Decode> Engine<D> {
         Box::pin(async move {
             let r = call.send().await;
             api_call(&name, "ChangeMessageVisibilityBatch", r.is_ok());
-            let what = if extension { "visibility extension" } else { "visibility change" };
+            let what = if extension {
+                "visibility extension"
+            } else {
+                "visibility change"
+            };
             match r {
                 Ok(out) => {
                     for f in &out.failed {
@@ -770,5 +807,6 @@ impl<D: Decode> Engine<D> {
 }
 
 fn delete_failed(name: &str, n: usize) {
-    metrics::counter!("sluice_aws_deletes_failed_total", "source" => name.to_owned()).increment(n as u64);
+    metrics::counter!("sluice_aws_deletes_failed_total", "source" => name.to_owned())
+        .increment(n as u64);
 }

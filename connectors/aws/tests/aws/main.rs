@@ -1,5 +1,8 @@
 //! The AWS connectors against moto's server (S3, SQS, SNS over their real HTTP APIs), one
-//! server per test on a free port. `scripts/test.sh` installs moto in `target/motoenv`.
+//! server per test on a free port (`scripts/test.sh` installs moto in `target/motoenv`), and the
+//! SNS endpoint against messages signed by a test certificate served over HTTPS (`sns`).
+
+mod sns;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -53,7 +56,10 @@ async fn moto() -> Moto {
     let url = format!("http://127.0.0.1:{port}");
     let m = Moto { child, url };
     for _ in 0..150 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
             return m;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -73,7 +79,11 @@ async fn sqs(m: &Moto) -> aws_sdk_sqs::Client {
     aws_sdk_sqs::Client::new(&sdk(m).await)
 }
 
-async fn queue(c: &aws_sdk_sqs::Client, name: &str, attrs: &[(QueueAttributeName, String)]) -> String {
+async fn queue(
+    c: &aws_sdk_sqs::Client,
+    name: &str,
+    attrs: &[(QueueAttributeName, String)],
+) -> String {
     let mut call = c.create_queue().queue_name(name);
     for (k, v) in attrs {
         call = call.attributes(k.clone(), v);
@@ -180,7 +190,10 @@ async fn sqs_source_deletes_only_delivered_messages_and_a_failed_one_comes_back(
         assert!(ids.contains(&e.id), "id is the MessageId: {}", e.id);
         assert_eq!(e.source, arn, "source is the queue ARN");
         assert_eq!(e.ty, "com.amazonaws.sqs.message");
-        assert_eq!(e.extension("traceid"), Some(&ExtValue::String(format!("t-{}", text(e)))));
+        assert_eq!(
+            e.extension("traceid"),
+            Some(&ExtValue::String(format!("t-{}", text(e))))
+        );
         assert!(e.time.is_some(), "time from SentTimestamp");
         if text(e) == "b" {
             failed_id = Some(e.id.clone());
@@ -191,15 +204,37 @@ async fn sqs_source_deletes_only_delivered_messages_and_a_failed_one_comes_back(
     }
     // Two deleted; the failed one is hidden for its backoff, then handed out again.
     let again = cap.next_within(Duration::from_secs(10)).await;
-    assert_eq!(Some(&again.event.id), failed_id.as_ref(), "the failed message came back, same id");
+    assert_eq!(
+        Some(&again.event.id),
+        failed_id.as_ref(),
+        "the failed message came back, same id"
+    );
     assert_eq!(text(&again.event), "b");
     again.delivery.delivered();
     wait_counts(&c, &url, (0, 0)).await;
     assert!(cap.try_next().is_none());
     rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap().unwrap();
-    assert!(testkit::metric("sluice_aws_api_calls_total", &[("connector", "jobs"), ("call", "DeleteMessageBatch"), ("result", "ok")]) >= 1.0);
-    assert!(testkit::metric(sluice_core::telemetry::SOURCE_SETTLED, &[("source", "jobs"), ("result", "retry")]) >= 1.0);
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        testkit::metric(
+            "sluice_aws_api_calls_total",
+            &[
+                ("connector", "jobs"),
+                ("call", "DeleteMessageBatch"),
+                ("result", "ok")
+            ]
+        ) >= 1.0
+    );
+    assert!(
+        testkit::metric(
+            sluice_core::telemetry::SOURCE_SETTLED,
+            &[("source", "jobs"), ("result", "retry")]
+        ) >= 1.0
+    );
 }
 
 #[tokio::test]
@@ -219,13 +254,25 @@ async fn sqs_visibility_is_extended_while_the_sink_is_slow() {
         assert_eq!(counts(&c, &url).await, (0, 1), "hidden while in flight");
     }
     let other = c.receive_message().queue_url(&url).send().await.unwrap();
-    assert!(other.messages.unwrap_or_default().is_empty(), "another consumer got it");
+    assert!(
+        other.messages.unwrap_or_default().is_empty(),
+        "another consumer got it"
+    );
     assert!(cap.try_next().is_none(), "not handed out twice");
-    assert!(testkit::metric(sluice_core::telemetry::SOURCE_LEASE_EXTENSIONS, &[("source", "slow")]) >= 2.0);
+    assert!(
+        testkit::metric(
+            sluice_core::telemetry::SOURCE_LEASE_EXTENSIONS,
+            &[("source", "slow")]
+        ) >= 2.0
+    );
     item.delivery.delivered();
     wait_counts(&c, &url, (0, 0)).await;
     rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -258,11 +305,30 @@ async fn sqs_rejected_and_invalid_messages_go_to_the_dead_letter_queue() {
     let mut bodies: Vec<String> = moved.iter().map(|m| m.body.clone().unwrap()).collect();
     bodies.sort();
     assert_eq!(bodies, ["refused", r#"{"specversion":"1.0","id":""}"#]);
-    let refused = moved.iter().find(|m| m.body.as_deref() == Some("refused")).unwrap();
-    assert!(refused.message_attributes.as_ref().unwrap().contains_key("Trace-Id"), "attributes moved along");
-    assert!(testkit::metric(sluice_core::telemetry::EVENTS_REJECTED, &[("source", "jobs2"), ("reason", "invalid_event")]) >= 1.0);
+    let refused = moved
+        .iter()
+        .find(|m| m.body.as_deref() == Some("refused"))
+        .unwrap();
+    assert!(
+        refused
+            .message_attributes
+            .as_ref()
+            .unwrap()
+            .contains_key("Trace-Id"),
+        "attributes moved along"
+    );
+    assert!(
+        testkit::metric(
+            sluice_core::telemetry::EVENTS_REJECTED,
+            &[("source", "jobs2"), ("reason", "invalid_event")]
+        ) >= 1.0
+    );
     rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -271,7 +337,12 @@ async fn sqs_sink_to_sqs_source_carries_cloudevents_both_modes_and_fifo_dedup() 
     let c = sqs(&m).await;
     queue(&c, "ce-binary", &[]).await;
     queue(&c, "ce-structured", &[]).await;
-    let fifo = queue(&c, "ce.fifo", &[(QueueAttributeName::FifoQueue, "true".into())]).await;
+    let fifo = queue(
+        &c,
+        "ce.fifo",
+        &[(QueueAttributeName::FifoQueue, "true".into())],
+    )
+    .await;
     let mut e = Event::new("evt-1", "/orders", "order.created").with_json(&b"{\"n\":1}"[..]);
     e.set_extension("tenant", "acme");
     for (q, mode) in [("ce-binary", "binary"), ("ce-structured", "structured")] {
@@ -282,7 +353,8 @@ async fn sqs_sink_to_sqs_source_carries_cloudevents_both_modes_and_fifo_dedup() 
         .await;
         let o = sink.send(vec![e.clone()]).await;
         assert_eq!(o.status, Status::Delivered, "{q}: {:?}", o.reason);
-        let (mut rig, task) = start_source::<SqsSourceConfig>(&format!("in-{q}"), source_cfg(&m, q)).await;
+        let (mut rig, task) =
+            start_source::<SqsSourceConfig>(&format!("in-{q}"), source_cfg(&m, q)).await;
         let mut cap = rig.capture();
         let got = cap.next_within(Duration::from_secs(10)).await;
         assert_eq!(got.event, e, "{q}: the CloudEvent passed through untouched");
@@ -303,14 +375,20 @@ async fn sqs_sink_to_sqs_source_carries_cloudevents_both_modes_and_fifo_dedup() 
         .receive_message()
         .queue_url(&fifo)
         .max_number_of_messages(10)
-        .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId)
+        .message_system_attribute_names(
+            aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId,
+        )
         .send()
         .await
         .unwrap()
         .messages
         .unwrap_or_default();
     assert_eq!(got.len(), 1, "the resend was deduplicated by SQS");
-    let group = got[0].attributes.as_ref().unwrap().get(&aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId);
+    let group = got[0]
+        .attributes
+        .as_ref()
+        .unwrap()
+        .get(&aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId);
     assert_eq!(group.map(String::as_str), Some("acme"));
 }
 
@@ -318,22 +396,34 @@ async fn sqs_sink_to_sqs_source_carries_cloudevents_both_modes_and_fifo_dedup() 
 async fn sqs_sink_fails_only_the_refused_entries_of_a_batch() {
     let m = moto().await;
     let c = sqs(&m).await;
-    let url = queue(&c, "limits", &[(QueueAttributeName::MaximumMessageSize, "1024".into())]).await;
+    let url = queue(
+        &c,
+        "limits",
+        &[(QueueAttributeName::MaximumMessageSize, "1024".into())],
+    )
+    .await;
     let sink = start_sink::<SqsSinkConfig>(
         "limits-out",
         json!({"queue": "limits", "endpoint": m.url, "region": "us-east-1"}),
     )
     .await;
     let small = Event::new("s", "/t", "t").with_json(&b"1"[..]);
-    let big = Event::new("b", "/t", "t").with_json(format!("\"{}\"", "x".repeat(4000)).into_bytes());
+    let big =
+        Event::new("b", "/t", "t").with_json(format!("\"{}\"", "x".repeat(4000)).into_bytes());
     let (a, b) = tokio::join!(sink.send(vec![small]), sink.send(vec![big]));
     assert_eq!(a.status, Status::Delivered, "{:?}", a.reason);
-    assert_ne!(b.status, Status::Delivered, "an entry over the queue's size limit is not delivered");
+    assert_ne!(
+        b.status,
+        Status::Delivered,
+        "an entry over the queue's size limit is not delivered"
+    );
     wait_counts(&c, &url, (1, 0)).await;
 }
 
 async fn s3(m: &Moto) -> aws_sdk_s3::Client {
-    let conf = aws_sdk_s3::config::Builder::from(&sdk(m).await).force_path_style(true).build();
+    let conf = aws_sdk_s3::config::Builder::from(&sdk(m).await)
+        .force_path_style(true)
+        .build();
     aws_sdk_s3::Client::from_conf(conf)
 }
 
@@ -382,7 +472,11 @@ async fn s3_notifications_one_event_per_record_filtered_and_test_event_skipped()
     let e = &item.event;
     assert_eq!(e.ty, "com.amazonaws.s3.ObjectCreated:Put");
     assert_eq!(e.source, "aws:s3.us-east-1.data");
-    assert_eq!(e.subject.as_deref(), Some("incoming/day 1.csv"), "the key, URL-decoded");
+    assert_eq!(
+        e.subject.as_deref(),
+        Some("incoming/day 1.csv"),
+        "the key, URL-decoded"
+    );
     assert!(e.id.contains('.'), "id = request id . id-2: {}", e.id);
     let data: serde_json::Value = serde_json::from_slice(e.data.as_bytes().unwrap()).unwrap();
     assert_eq!(data["s3"]["bucket"]["name"], "data");
@@ -390,10 +484,22 @@ async fn s3_notifications_one_event_per_record_filtered_and_test_event_skipped()
     // The test event and the .log record were deleted as filtered; the .csv one once delivered.
     wait_counts(&c, &url, (0, 0)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(cap.try_next().is_none(), "only the .csv upload made an event");
-    assert!(testkit::metric(sluice_core::telemetry::EVENTS_FILTERED, &[("source", "uploads")]) >= 2.0);
+    assert!(
+        cap.try_next().is_none(),
+        "only the .csv upload made an event"
+    );
+    assert!(
+        testkit::metric(
+            sluice_core::telemetry::EVENTS_FILTERED,
+            &[("source", "uploads")]
+        ) >= 2.0
+    );
     rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -433,9 +539,16 @@ async fn s3_poll_mode_emits_new_and_changed_objects_once_across_a_restart() {
     keys.sort();
     assert_eq!(keys, ["incoming/1.csv", "incoming/2.csv"]);
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(cap.try_next().is_none(), "nothing emitted twice by the next listings");
+    assert!(
+        cap.try_next().is_none(),
+        "nothing emitted twice by the next listings"
+    );
     rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 
     // While it is down: one new object, one changed.
     put(&s, "store", "incoming/3.csv", "new").await;
@@ -450,11 +563,19 @@ async fn s3_poll_mode_emits_new_and_changed_objects_once_across_a_restart() {
         item.delivery.delivered();
     }
     got.sort();
-    assert_eq!(got, ["incoming/1.csv", "incoming/3.csv"], "the changed and the new one, nothing else");
+    assert_eq!(
+        got,
+        ["incoming/1.csv", "incoming/3.csv"],
+        "the changed and the new one, nothing else"
+    );
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(cap.try_next().is_none());
     rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -464,7 +585,14 @@ async fn sns_sink_publishes_to_a_topic_and_fifo_topics_deduplicate() {
     let sns = aws_sdk_sns::Client::new(&sdk(&m).await);
     let url = queue(&c, "fanout-q", &[]).await;
     let qarn = arn_of(&c, &url).await;
-    let topic = sns.create_topic().name("out").send().await.unwrap().topic_arn.unwrap();
+    let topic = sns
+        .create_topic()
+        .name("out")
+        .send()
+        .await
+        .unwrap()
+        .topic_arn
+        .unwrap();
     sns.subscribe()
         .topic_arn(&topic)
         .protocol("sqs")
@@ -483,7 +611,8 @@ async fn sns_sink_publishes_to_a_topic_and_fifo_topics_deduplicate() {
     let o = sink.send(vec![e.clone(), empty.clone()]).await;
     assert_eq!(o.status, Status::Delivered, "{:?}", o.reason);
     // Read back through the SQS source: the CloudEvents come out as they went in.
-    let (mut rig, task) = start_source::<SqsSourceConfig>("fanout-in", source_cfg(&m, "fanout-q")).await;
+    let (mut rig, task) =
+        start_source::<SqsSourceConfig>("fanout-in", source_cfg(&m, "fanout-q")).await;
     let mut cap = rig.capture();
     let mut got = Vec::new();
     for _ in 0..2 {
@@ -532,5 +661,11 @@ async fn sqs_source_passes_the_pull_source_compliance_check() {
     };
     let mut bad = source_cfg(&m, "compliance");
     bad["max_messages"] = json!(11);
-    testkit::pull_source_compliance::<SqsSourceConfig>("sqs-compliance", source_cfg(&m, "compliance"), bad, put).await;
+    testkit::pull_source_compliance::<SqsSourceConfig>(
+        "sqs-compliance",
+        source_cfg(&m, "compliance"),
+        bad,
+        put,
+    )
+    .await;
 }
