@@ -1599,3 +1599,182 @@ async fn broker_sources_survive_kill_9() {
         .queue_delete(queue.as_str().into(), Default::default())
         .await;
 }
+
+/// moto's server (installed by scripts/test.sh) on a free port, killed on drop.
+struct Moto(Child, String);
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn spawn_moto() -> Moto {
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/motoenv/bin/moto_server");
+    assert!(
+        bin.exists(),
+        "moto's server is missing at {}: run scripts/test.sh, which installs it",
+        bin.display()
+    );
+    let port = free_port();
+    let child = Command::new(bin)
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..150 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Moto(child, format!("http://127.0.0.1:{port}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("moto_server did not listen on {port}");
+}
+
+#[tokio::test]
+async fn s3_upload_of_a_csv_triggers_the_http_sink_and_a_log_upload_does_not() {
+    // The daemon inherits these: the SDK's standard credential chain, pointed at moto.
+    std::env::set_var("AWS_ACCESS_KEY_ID", "test");
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
+    std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+    let moto = spawn_moto().await;
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(&moto.1)
+        .load()
+        .await;
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let url = sqs
+        .create_queue()
+        .queue_name("uploads-events")
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let arn = sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap()
+        .remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .unwrap();
+    let s3 = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::config::Builder::from(&sdk)
+            .force_path_style(true)
+            .build(),
+    );
+    s3.create_bucket().bucket("data").send().await.unwrap();
+    s3.put_bucket_notification_configuration()
+        .bucket("data")
+        .notification_configuration(
+            aws_sdk_s3::types::NotificationConfiguration::builder()
+                .queue_configurations(
+                    aws_sdk_s3::types::QueueConfiguration::builder()
+                        .queue_arn(&arn)
+                        .events(aws_sdk_s3::types::Event::from("s3:ObjectCreated:*"))
+                        .build()
+                        .unwrap(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    // The trigger target: records each request's ce-subject and ce-type.
+    let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target_port = target.local_addr().unwrap().port();
+    let (tx, mut got) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = target.accept().await else {
+                return;
+            };
+            let tx = tx.clone();
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let h = |n: &str| {
+                    req.headers()
+                        .get(n)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned()
+                };
+                let _ = tx.send((h("ce-subject"), h("ce-type")));
+                async {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "sources:\n  uploads:\n    kind: s3\n    queue: uploads-events\n    events: [\"s3:ObjectCreated:*\"]\n    filter: {{ prefix: incoming/, suffix: .csv }}\n    region: us-east-1\n    endpoint: {}\n    wait_time: 1s\nsinks:\n  trigger: {{ kind: http, url: \"http://127.0.0.1:{target_port}/run\" }}\nroutes:\n  - {{ from: [uploads], to: [trigger] }}\n",
+        moto.1
+    );
+    let mut d = Daemon::start_with(dir.path(), &body);
+    d.wait_ready().await;
+    for key in ["incoming/report.log", "incoming/2026-12-01.csv"] {
+        s3.put_object()
+            .bucket("data")
+            .key(key)
+            .body(b"a,b\n".to_vec().into())
+            .send()
+            .await
+            .unwrap();
+    }
+    let (subject, ty) = tokio::time::timeout(Duration::from_secs(20), got.recv())
+        .await
+        .expect("the .csv upload reached the HTTP sink")
+        .unwrap();
+    assert_eq!(subject, "incoming/2026-12-01.csv");
+    assert_eq!(ty, "com.amazonaws.s3.ObjectCreated:Put");
+    // Every message settled: the .csv one deleted after delivery, the .log one and the test
+    // event deleted as filtered.
+    let mut left = String::new();
+    for _ in 0..100 {
+        let a = sqs
+            .get_queue_attributes()
+            .queue_url(&url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(
+                aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            )
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap();
+        left = format!("{a:?}");
+        if a.values().all(|v| v == "0") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !left.contains("\"1\"") && !left.contains("\"2\""),
+        "queue not empty: {left}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(got.try_recv().is_err(), "the .log upload triggered nothing");
+    let (_, metrics) = get(d.admin, "/metrics").await.unwrap();
+    let m = String::from_utf8_lossy(&metrics);
+    assert!(
+        metric(&m, "sluice_events_filtered_total{source=\"uploads\"}") >= 2.0,
+        "the test event and the .log record are counted as filtered: {m}"
+    );
+    assert!(d.stop().success());
+}
