@@ -453,6 +453,9 @@ impl<D: Decode> Engine<D> {
         let mut hide: SettleBatch<(String, i32)> = SettleBatch::new(10, LINGER);
         let mut leases = tokio::time::interval((vis / 4).max(Duration::from_millis(500)));
         leases.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The backlog (`ApproximateNumberOfMessages`) as the lag gauge, every 30 s.
+        let mut backlog = tokio::time::interval(Duration::from_secs(30));
+        backlog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failures = 0u32;
         let mut resume_at: Option<Instant> = None;
         loop {
@@ -522,6 +525,7 @@ impl<D: Decode> Engine<D> {
                         }
                     }
                 }
+                _ = backlog.tick(), if !stopping => calls.push(self.read_backlog()),
                 _ = ctx.shutdown.cancelled(), if !stopping => {}
                 _ = async { tokio::time::sleep_until(resume_at.expect("checked")).await }, if resume_at.is_some() => {
                     resume_at = None;
@@ -620,6 +624,28 @@ impl<D: Decode> Engine<D> {
                 }
             }
         }
+    }
+
+    fn read_backlog(&self) -> BoxFuture<'static, ()> {
+        let call = self
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages);
+        let (name, lag) = (self.name.clone(), self.telemetry.lag.clone());
+        Box::pin(async move {
+            let r = call.send().await;
+            api_call(&name, "GetQueueAttributes", r.is_ok());
+            let n = r.ok().and_then(|o| {
+                o.attributes?
+                    .get(&QueueAttributeName::ApproximateNumberOfMessages)?
+                    .parse::<f64>()
+                    .ok()
+            });
+            if let Some(n) = n {
+                lag.set(n);
+            }
+        })
     }
 
     fn settle(
