@@ -1600,52 +1600,15 @@ async fn broker_sources_survive_kill_9() {
         .await;
 }
 
-/// moto's server (installed by scripts/test.sh) on a free port, killed on drop.
-struct Moto(Child, String);
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn spawn_moto() -> Moto {
-    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/motoenv/bin/moto_server");
-    assert!(
-        bin.exists(),
-        "moto's server is missing at {}: run scripts/test.sh, which installs it",
-        bin.display()
-    );
-    let port = free_port();
-    let child = Command::new(bin)
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..150 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return Moto(child, format!("http://127.0.0.1:{port}"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("moto_server did not listen on {port}");
-}
-
 #[tokio::test]
 async fn s3_upload_of_a_csv_triggers_the_http_sink_and_a_log_upload_does_not() {
-    // The daemon inherits these: the SDK's standard credential chain, pointed at moto.
-    std::env::set_var("AWS_ACCESS_KEY_ID", "test");
-    std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
-    std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
-    let moto = spawn_moto().await;
+    // The test kit sets the SDK's standard credential chain for moto; the daemon inherits it.
+    let dir = tempfile::tempdir().unwrap();
+    let moto = sluice_core::testkit::peers::spawn_moto(dir.path());
+    let moto_url = format!("http://127.0.0.1:{}", moto.port);
     let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .region(aws_config::Region::new("us-east-1"))
-        .endpoint_url(&moto.1)
+        .endpoint_url(&moto_url)
         .load()
         .await;
     let sqs = aws_sdk_sqs::Client::new(&sdk);
@@ -1720,10 +1683,9 @@ async fn s3_upload_of_a_csv_triggers_the_http_sink_and_a_log_upload_does_not() {
             });
         }
     });
-    let dir = tempfile::tempdir().unwrap();
     let body = format!(
         "sources:\n  uploads:\n    kind: s3\n    queue: uploads-events\n    events: [\"s3:ObjectCreated:*\"]\n    filter: {{ prefix: incoming/, suffix: .csv }}\n    region: us-east-1\n    endpoint: {}\n    wait_time: 1s\nsinks:\n  trigger: {{ kind: http, url: \"http://127.0.0.1:{target_port}/run\" }}\nroutes:\n  - {{ from: [uploads], to: [trigger] }}\n",
-        moto.1
+        moto_url
     );
     let mut d = Daemon::start_with(dir.path(), &body);
     d.wait_ready().await;

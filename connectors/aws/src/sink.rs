@@ -260,6 +260,34 @@ async fn send_batch<T, F, Fut>(
     }
 }
 
+/// One batch's entries, built by `entry(id, message, its FIFO group and deduplication ids,
+/// event)`, and its items in the same order; `None` (every item rejected) when an entry cannot be
+/// built.
+fn build_entries<T, E: std::fmt::Display>(
+    batch: Vec<(SinkItem, Encoded)>,
+    fifo: Option<&Fifo>,
+    mut entry: impl FnMut(String, Encoded, Option<(String, String)>, &Event) -> Result<T, E>,
+) -> Option<(Vec<T>, Vec<SinkItem>)> {
+    let mut entries = Vec::with_capacity(batch.len());
+    let mut items = Vec::with_capacity(batch.len());
+    let mut broken = None;
+    for (i, (item, enc)) in batch.into_iter().enumerate() {
+        let ids = fifo.map(|f| f.fields(&item.event));
+        match entry(i.to_string(), enc, ids, &item.event) {
+            Ok(e) => entries.push(e),
+            Err(e) => broken = Some(e.to_string()),
+        }
+        items.push(item);
+    }
+    if let Some(reason) = broken {
+        for SinkItem { delivery, .. } in items {
+            delivery.rejected(format!("a batch entry could not be built: {reason}"));
+        }
+        return None;
+    }
+    Some((entries, items))
+}
+
 /// The loop both sinks run: take up to 10 events, encode, send in batches, several in flight.
 async fn run_batches<F>(
     kind: &str,
@@ -337,39 +365,29 @@ impl SinkConfig for SqsSinkConfig {
             let timeout = self.timeout.get();
             let n = name.clone();
             let send = move |batch: Vec<(SinkItem, Encoded)>| {
-                let mut entries = Vec::with_capacity(batch.len());
-                let mut items = Vec::with_capacity(batch.len());
-                for (i, (item, enc)) in batch.into_iter().enumerate() {
+                let built = build_entries(batch, fifo.as_ref().as_ref(), |id, enc, ids, _| {
                     let mut e = aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
-                        .id(i.to_string())
+                        .id(id)
                         .message_body(enc.body);
                     for (k, v) in enc.attrs {
-                        if let Ok(a) = aws_sdk_sqs::types::MessageAttributeValue::builder()
+                        let a = aws_sdk_sqs::types::MessageAttributeValue::builder()
                             .data_type("String")
                             .string_value(v)
-                            .build()
-                        {
-                            e = e.message_attributes(k, a);
-                        }
+                            .build()?;
+                        e = e.message_attributes(k, a);
                     }
-                    if let Some(f) = fifo.as_ref() {
-                        let (group, dedup) = f.fields(&item.event);
+                    if let Some((group, dedup)) = ids {
                         e = e.message_group_id(group).message_deduplication_id(dedup);
                     }
-                    entries.push(e.build());
-                    items.push(item);
-                }
-                let entries: Vec<_> = entries.into_iter().filter_map(Result::ok).collect();
+                    e.build()
+                });
                 let client = client.clone();
                 let url = url.clone();
                 let name = n.clone();
                 async move {
-                    if entries.len() != items.len() {
-                        for SinkItem { delivery, .. } in items {
-                            delivery.rejected("an entry could not be built (empty id or body)");
-                        }
+                    let Some((entries, items)) = built else {
                         return;
-                    }
+                    };
                     let call = |entries: Vec<aws_sdk_sqs::types::SendMessageBatchRequestEntry>| {
                         let req = client
                             .send_message_batch()
@@ -469,45 +487,35 @@ impl SinkConfig for SnsSinkConfig {
             let timeout = self.timeout.get();
             let n = name.clone();
             let send = move |batch: Vec<(SinkItem, Encoded)>| {
-                let mut entries = Vec::with_capacity(batch.len());
-                let mut items = Vec::with_capacity(batch.len());
-                for (i, (item, enc)) in batch.into_iter().enumerate() {
+                let built = build_entries(batch, fifo.as_ref().as_ref(), |id, enc, ids, event| {
                     let mut e = aws_sdk_sns::types::PublishBatchRequestEntry::builder()
-                        .id(i.to_string())
+                        .id(id)
                         .message(enc.body);
                     for (k, v) in enc.attrs {
-                        if let Ok(a) = aws_sdk_sns::types::MessageAttributeValue::builder()
+                        let a = aws_sdk_sns::types::MessageAttributeValue::builder()
                             .data_type("String")
                             .string_value(v)
-                            .build()
-                        {
-                            e = e.message_attributes(k, a);
-                        }
+                            .build()?;
+                        e = e.message_attributes(k, a);
                     }
-                    if let Some(f) = fifo.as_ref() {
-                        let (group, dedup) = f.fields(&item.event);
+                    if let Some((group, dedup)) = ids {
                         e = e.message_group_id(group).message_deduplication_id(dedup);
                     }
                     if let Some(t) = &subject {
-                        let s = t.render_with(&item.event, |out, v| out.push_str(v));
+                        let s = t.render_with(event, |out, v| out.push_str(v));
                         if !s.is_empty() {
                             e = e.subject(s.chars().take(100).collect::<String>());
                         }
                     }
-                    entries.push(e.build());
-                    items.push(item);
-                }
-                let entries: Vec<_> = entries.into_iter().filter_map(Result::ok).collect();
+                    e.build()
+                });
                 let client = client.clone();
                 let topic = topic.clone();
                 let name = n.clone();
                 async move {
-                    if entries.len() != items.len() {
-                        for SinkItem { delivery, .. } in items {
-                            delivery.rejected("an entry could not be built (empty id or message)");
-                        }
+                    let Some((entries, items)) = built else {
                         return;
-                    }
+                    };
                     let call = |entries: Vec<aws_sdk_sns::types::PublishBatchRequestEntry>| {
                         let req = client
                             .publish_batch()

@@ -4,8 +4,6 @@
 
 mod sns;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,57 +12,35 @@ use serde_json::json;
 use sluice_aws::{S3SourceConfig, SnsSinkConfig, SqsSinkConfig, SqsSourceConfig};
 use sluice_core::event::Event;
 use sluice_core::state::StateStore;
-use sluice_core::testkit::{self, free_port, start_sink, start_source, SourceRig};
+use sluice_core::testkit::peers::{spawn_moto, ServerProcess};
+use sluice_core::testkit::{self, start_sink, start_source, SourceRig};
 use sluice_core::{ExtValue, SourceConfig, Status};
 
-/// A moto server on a free port, killed on drop.
+/// A moto server on a free port (the test kit's), with its log directory.
 struct Moto {
-    child: Child,
+    _server: ServerProcess,
+    _dir: tempfile::TempDir,
     url: String,
 }
 
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn moto_bin() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/motoenv/bin/moto_server");
-    assert!(
-        p.exists(),
-        "moto's server is not installed at {}: run scripts/test.sh, which installs it (pip install 'moto[server]')",
-        p.display()
-    );
-    p
-}
-
 async fn moto() -> Moto {
-    // The SDK's standard chain, pointed at nothing real.
-    std::env::set_var("AWS_ACCESS_KEY_ID", "test");
-    std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
-    std::env::set_var("AWS_REGION", "us-east-1");
-    std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
-    let port = free_port();
-    let child = Command::new(moto_bin())
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("moto_server starts");
-    let url = format!("http://127.0.0.1:{port}");
-    let m = Moto { child, url };
-    for _ in 0..150 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return m;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = spawn_moto(dir.path());
+    Moto {
+        url: format!("http://127.0.0.1:{}", server.port),
+        _server: server,
+        _dir: dir,
     }
-    panic!("moto_server did not listen on {port} within 15s");
+}
+
+/// Stops a source and checks it returned by itself without an error.
+async fn stop(rig: SourceRig, task: testkit::Task) {
+    rig.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the source returned after its drain")
+        .expect("the task ran")
+        .expect("the source ended without an error");
 }
 
 async fn sdk(m: &Moto) -> aws_config::SdkConfig {
@@ -213,12 +189,7 @@ async fn sqs_source_deletes_only_delivered_messages_and_a_failed_one_comes_back(
     again.delivery.delivered();
     wait_counts(&c, &url, (0, 0)).await;
     assert!(cap.try_next().is_none());
-    rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    stop(rig, task).await;
     assert!(
         testkit::metric(
             "sluice_aws_api_calls_total",
@@ -267,12 +238,7 @@ async fn sqs_visibility_is_extended_while_the_sink_is_slow() {
     );
     item.delivery.delivered();
     wait_counts(&c, &url, (0, 0)).await;
-    rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    stop(rig, task).await;
 }
 
 #[tokio::test]
@@ -323,12 +289,7 @@ async fn sqs_rejected_and_invalid_messages_go_to_the_dead_letter_queue() {
             &[("source", "jobs2"), ("reason", "invalid_event")]
         ) >= 1.0
     );
-    rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    stop(rig, task).await;
 }
 
 #[tokio::test]
@@ -494,12 +455,7 @@ async fn s3_notifications_one_event_per_record_filtered_and_test_event_skipped()
             &[("source", "uploads")]
         ) >= 2.0
     );
-    rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    stop(rig, task).await;
 }
 
 #[tokio::test]
@@ -543,12 +499,7 @@ async fn s3_poll_mode_emits_new_and_changed_objects_once_across_a_restart() {
         cap.try_next().is_none(),
         "nothing emitted twice by the next listings"
     );
-    rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    stop(rig, task).await;
 
     // While it is down: one new object, one changed.
     put(&s, "store", "incoming/3.csv", "new").await;
@@ -570,12 +521,7 @@ async fn s3_poll_mode_emits_new_and_changed_objects_once_across_a_restart() {
     );
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(cap.try_next().is_none());
-    rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    stop(rig, task).await;
 }
 
 #[tokio::test]

@@ -268,12 +268,7 @@ async fn sns_notifications_verified_v1_and_v2_answered_after_delivery() {
         1,
         "the certificate is fetched once and cached"
     );
-    rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    super::stop(rig, task).await;
 }
 
 #[tokio::test]
@@ -334,12 +329,7 @@ async fn sns_refuses_tampered_foreign_stale_and_badly_sourced_messages() {
         1,
         "only the allowed URL was fetched"
     );
-    rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    super::stop(rig, task).await;
 }
 
 #[tokio::test]
@@ -383,10 +373,5 @@ async fn sns_confirms_subscriptions_only_for_allowed_topics_and_takes_raw_delive
     assert_eq!(item.event.data.as_bytes().unwrap().as_ref(), b"{\"raw\":1}");
     item.delivery.delivered();
     assert_eq!(answer.await.unwrap(), 200);
-    rig.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    super::stop(rig, task).await;
 }

