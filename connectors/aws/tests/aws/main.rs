@@ -615,3 +615,23 @@ async fn sqs_source_passes_the_pull_source_compliance_check() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn assume_role_takes_credentials_from_sts() {
+    let m = moto().await;
+    let c = sqs(&m).await;
+    let url = queue(&c, "assumed", &[]).await;
+    // moto's STS answers AssumeRole; the SQS calls then carry the role's temporary credentials
+    // (a failing AssumeRole fails every call, so the send below would not be delivered).
+    let sink = start_sink::<SqsSinkConfig>(
+        "assumed-out",
+        json!({"queue": "assumed", "endpoint": m.url, "region": "us-east-1",
+               "assume_role": {"role_arn": "arn:aws:iam::123456789012:role/sluice-writer", "external_id": "x-1"}}),
+    )
+    .await;
+    let o = sink
+        .send(vec![Event::new("a-1", "/t", "t").with_json(&b"1"[..])])
+        .await;
+    assert_eq!(o.status, Status::Delivered, "{:?}", o.reason);
+    wait_counts(&c, &url, (1, 0)).await;
+}
