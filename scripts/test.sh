@@ -18,10 +18,12 @@ apt_install() {
 }
 
 log "toolchain"
-command -v cargo >/dev/null 2>&1 || die "no cargo on PATH: install Rust 1.88 or newer (rustup or your distribution)"
+command -v cargo >/dev/null 2>&1 || die "no cargo on PATH: install Rust 1.94.1 or newer (rustup or your distribution)"
 cargo --version
-rustc_minor=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+).*/\1/')
-[ "$rustc_minor" -ge 88 ] || die "rustc $(rustc --version | cut -d' ' -f2) is older than 1.88 (rust-version in Cargo.toml): update the toolchain"
+rustc_minor=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+)\.([0-9]+).*/\1/')
+rustc_patch=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+)\.([0-9]+).*/\2/')
+[ "$rustc_minor" -gt 94 ] || { [ "$rustc_minor" -eq 94 ] && [ "$rustc_patch" -ge 1 ]; } ||
+  die "rustc $(rustc --version | cut -d' ' -f2) is older than 1.94.1 (rust-version in Cargo.toml; the AWS SDK needs it): update the toolchain"
 # rustfmt and clippy belong to the toolchain: rustup installs them when it can reach its host;
 # a distribution's toolchain ships them as packages (Debian: rustfmt, rust-clippy).
 for comp in rustfmt clippy; do
