@@ -88,6 +88,44 @@ pub struct SnsSourceConfig {
     /// `argo`: `data.metadata`.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// Serve HTTPS with this certificate (SNS posts to `https://` endpoints only with a
+    /// certificate a public CA signed).
+    pub tls: Option<ServerTls>,
+}
+
+/// `tls: { cert, key }`: PEM certificate chain and private key.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl ServerTls {
+    fn acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, String> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
+            .and_then(|it| it.collect::<Result<_, _>>())
+            .map_err(|e| format!("tls.cert {}: {e}", self.cert.display()))?;
+        if chain.is_empty() {
+            return Err(format!(
+                "tls.cert {}: no certificate found",
+                self.cert.display()
+            ));
+        }
+        let key = PrivateKeyDer::from_pem_file(&self.key)
+            .map_err(|e| format!("tls.key {}: {e}", self.key.display()))?;
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("tls: the key does not fit the certificate: {e}"))?;
+        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
+    }
 }
 
 fn default_listen() -> SocketAddr {
@@ -141,6 +179,12 @@ impl SourceConfig for SnsSourceConfig {
             let name = ctx.name.clone();
             let err = |m: String| ConnectorError(format!("sns source {name}: {m}"));
             let client = https_client(self.ca.as_ref()).map_err(err)?;
+            let tls = self
+                .tls
+                .as_ref()
+                .map(ServerTls::acceptor)
+                .transpose()
+                .map_err(err)?;
             let listener = tokio::net::TcpListener::bind(self.listen)
                 .await
                 .map_err(|e| {
@@ -158,7 +202,7 @@ impl SourceConfig for SnsSourceConfig {
                 cfg: *self,
             });
             tracing::info!(source = %name, listen = %endpoint.cfg.listen, path = %endpoint.cfg.path, "sns: listening");
-            Ok(Box::pin(serve(listener, endpoint, ctx)) as Running)
+            Ok(Box::pin(serve(listener, tls, endpoint, ctx)) as Running)
         })
     }
 }
@@ -202,6 +246,7 @@ fn https_client(ca: Option<&PathBuf>) -> Result<HttpsClient, String> {
 
 async fn serve(
     listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     endpoint: Arc<Endpoint>,
     ctx: SourceContext,
 ) -> Result<(), ConnectorError> {
@@ -223,14 +268,42 @@ async fn serve(
             let ep = ep.clone();
             async move { Ok::<_, std::convert::Infallible>(ep.handle(req).await) }
         });
-        let conn = hyper::server::conn::http1::Builder::new()
+        let http = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(Duration::from_secs(10))
-            .serve_connection(TokioIo::new(stream), svc);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+            .clone();
+        match &tls {
+            None => {
+                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            Some(acceptor) => {
+                // The handshake runs on the connection's own task, bounded, so a slow client
+                // does not hold the accept loop.
+                let (acceptor, watcher) = (acceptor.clone(), graceful.watcher());
+                let name = endpoint.name.clone();
+                tokio::spawn(async move {
+                    let tls = match tokio::time::timeout(
+                        Duration::from_secs(10),
+                        acceptor.accept(stream),
+                    )
+                    .await
+                    {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(source = %name, error = %e, "sns: TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                    let _ = watcher
+                        .watch(http.serve_connection(TokioIo::new(tls), svc))
+                        .await;
+                });
+            }
+        }
     }
     drop(listener);
     // Requests in progress finish (each bounded by ack_timeout); connections then close.
