@@ -36,11 +36,11 @@ async fn main() {
         .await;
     let client = aws_sdk_sqs::Client::new(&sdk);
     let qurl = client
-        .get_queue_url()
+        .create_queue()
         .queue_name(&queue)
         .send()
         .await
-        .expect("the queue exists")
+        .expect("CreateQueue")
         .queue_url
         .unwrap();
     match mode.as_str() {
