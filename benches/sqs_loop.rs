@@ -4,8 +4,9 @@
 //! - `fill --url U --queue Q --count N`: sends N messages of 1 KiB with `SendMessageBatch`
 //!   (8 calls in flight);
 //! - `drain --url U --queue Q --count N --concurrency C`: C loops of `ReceiveMessage` (10,
-//!   long poll) + `DeleteMessageBatch` until N messages were deleted; prints messages/s (from the
-//!   first received message to the last delete) and the API calls made per message.
+//!   long poll), each receive's `DeleteMessageBatch` sent without waiting for it (the next
+//!   receive goes out at once), until N messages were deleted; prints messages/s (from the first
+//!   received message to the last delete) and the API calls made per message.
 //!
 //! Credentials: `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` from the environment (moto takes
 //! any).
@@ -91,14 +92,16 @@ async fn drain(client: aws_sdk_sqs::Client, qurl: String, count: u64, concurrenc
     let deleted = Arc::new(AtomicU64::new(0));
     let calls = Arc::new(AtomicU64::new(0));
     let first = Arc::new(std::sync::OnceLock::<Instant>::new());
+    let last = Arc::new(std::sync::OnceLock::<Instant>::new());
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
-        let (client, qurl, deleted, calls, first) = (
+        let (client, qurl, deleted, calls, first, last) = (
             client.clone(),
             qurl.clone(),
             deleted.clone(),
             calls.clone(),
             first.clone(),
+            last.clone(),
         );
         tasks.spawn(async move {
             while deleted.load(Ordering::Relaxed) < count {
@@ -128,20 +131,37 @@ async fn drain(client: aws_sdk_sqs::Client, qurl: String, count: u64, concurrenc
                             .unwrap()
                     })
                     .collect();
-                client
+                // The delete goes on while this loop receives again (as the source's do).
+                let delete = client
                     .delete_message_batch()
                     .queue_url(&qurl)
-                    .set_entries(Some(entries))
-                    .send()
-                    .await
-                    .expect("DeleteMessageBatch");
-                calls.fetch_add(1, Ordering::Relaxed);
-                deleted.fetch_add(msgs.len() as u64, Ordering::Relaxed);
+                    .set_entries(Some(entries));
+                let (calls, deleted, last, n) = (
+                    calls.clone(),
+                    deleted.clone(),
+                    last.clone(),
+                    msgs.len() as u64,
+                );
+                tokio::spawn(async move {
+                    delete.send().await.expect("DeleteMessageBatch");
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    if deleted.fetch_add(n, Ordering::Relaxed) + n >= count {
+                        last.get_or_init(Instant::now);
+                    }
+                });
             }
         });
     }
     while tasks.join_next().await.is_some() {}
-    let secs = first.get().unwrap().elapsed().as_secs_f64();
+    // The last deletes may still be on their way.
+    while deleted.load(Ordering::Relaxed) < count {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let secs = last
+        .get()
+        .unwrap()
+        .duration_since(*first.get().unwrap())
+        .as_secs_f64();
     let n = deleted.load(Ordering::Relaxed);
     println!(
         "{:.0} {:.3}",
