@@ -164,6 +164,17 @@ pub(crate) struct Encoded {
     pub attrs: Vec<(String, String)>,
 }
 
+/// Whether SQS and SNS take `s` as a message body or attribute value: XML 1.0 characters only
+/// (`#x9`, `#xA`, `#xD`, `#x20`–`#xD7FF`, `#xE000`–`#xFFFD`, `#x10000`–`#x10FFFF`).
+pub(crate) fn allowed_text(s: &str) -> bool {
+    s.chars().all(|c| {
+        matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
+    })
+}
+
+/// The message for `e`: binary when `mode` asks for it and the event fits (at most 10
+/// attributes, text data SQS and SNS accept, a non-empty body), else structured (JSON escapes
+/// every character they refuse).
 pub(crate) fn encode(e: &Event, mode: Mode) -> Encoded {
     if mode == Mode::Binary {
         let headers = kafka_binding::encode_binary_headers(e);
@@ -174,11 +185,11 @@ pub(crate) fn encode(e: &Event, mode: Mode) -> Encoded {
                 .and_then(|b| std::str::from_utf8(b).ok())
                 .map(str::to_owned),
         };
-        if let Some(body) = body {
+        if let Some(body) = body.filter(|b| !b.is_empty() && allowed_text(b)) {
             if headers.len() <= MAX_ATTRIBUTES
                 && headers
                     .iter()
-                    .all(|(_, v)| !v.is_empty() && std::str::from_utf8(v).is_ok())
+                    .all(|(_, v)| !v.is_empty() && std::str::from_utf8(v).is_ok_and(allowed_text))
             {
                 return Encoded {
                     body,
@@ -248,6 +259,19 @@ mod tests {
         );
         let enc = encode(&b, Mode::Binary);
         assert_eq!(enc.attrs[0].0, "content-type");
+        // No data, or text SQS refuses (NUL): structured, which escapes it.
+        let empty = Event::new("1", "/s", "t");
+        assert_eq!(
+            encode(&empty, Mode::Binary).attrs[0].1,
+            "application/cloudevents+json"
+        );
+        let nul = Event::new("1", "/s", "t").with_data(
+            Some("text/plain".into()),
+            Data::Binary(Bytes::from_static(b"a\0b")),
+        );
+        let escaped = encode(&nul, Mode::Binary);
+        assert_eq!(escaped.attrs[0].1, "application/cloudevents+json");
+        assert!(allowed_text(&escaped.body));
         match decode(&as_attrs(&enc), &Bytes::from(enc.body.clone())).unwrap() {
             Decoded::Event(back) => assert_eq!(*back, b),
             Decoded::Plain => panic!("not recognised"),

@@ -18,7 +18,6 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_core::event::{Event, Timestamp};
-use sluice_core::pipeline::SendOptions;
 use sluice_core::state::{MemoryStateStore, StateStore};
 use sluice_core::units::HumanDuration;
 use sluice_core::{BoxFuture, ConnectorError, Running, SourceConfig, SourceContext, Status};
@@ -144,7 +143,8 @@ impl SourceConfig for S3SourceConfig {
     fn validate(&self, _name: &str) -> Result<(), String> {
         self.connection().check()?;
         for p in &self.events {
-            let ok = p.starts_with("s3:") && p.len() > 3 && !p[..p.len() - 1].contains('*');
+            let body = p.strip_suffix('*').unwrap_or(p);
+            let ok = p.starts_with("s3:") && p.len() > 3 && !body.contains('*');
             if !ok {
                 return Err(format!(
                     "events: {p:?} is not an S3 event name (s3:ObjectCreated:*, s3:ObjectRemoved:Delete, ...; '*' only at the end)"
@@ -464,9 +464,11 @@ impl Poller {
     }
 
     /// One pass over the bucket, a page at a time: new or changed objects of a page are sent,
-    /// and those delivered are remembered before the next page is listed.
+    /// and those settled are remembered before the next page is listed. Objects not delivered
+    /// are sent again at the next pass; the pass goes on past them.
     async fn sweep(&self, ctx: &SourceContext) -> Result<(), String> {
         let mut token: Option<String> = None;
+        let mut failed = 0;
         loop {
             if ctx.shutdown.is_cancelled() {
                 return Ok(());
@@ -505,9 +507,14 @@ impl Poller {
                         .and_then(|t| chrono::DateTime::from_timestamp(t.secs(), t.subsec_nanos())),
                 });
             }
-            self.emit(ctx, fresh).await?;
+            failed += self.emit(ctx, fresh).await?;
             match page.next_continuation_token {
                 Some(t) if page.is_truncated == Some(true) => token = Some(t),
+                _ if failed > 0 => {
+                    return Err(format!(
+                        "{failed} object event(s) not delivered; they are sent again at the next listing"
+                    ))
+                }
                 _ => return Ok(()),
             }
         }
@@ -542,26 +549,29 @@ impl Poller {
         Ok(e)
     }
 
-    /// Sends each object as its own unit, waits for their outcomes, remembers the delivered.
-    async fn emit(&self, ctx: &SourceContext, objects: Vec<Seen>) -> Result<(), String> {
+    /// Sends each object as its own unit, waits for their outcomes, and remembers the settled
+    /// ones: delivered, or rejected by a sink for good (logged and counted; sending it again
+    /// would not change the answer). Returns how many failed (sent again next time).
+    async fn emit(&self, ctx: &SourceContext, objects: Vec<Seen>) -> Result<usize, String> {
         if objects.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let mut pending = FuturesUnordered::new();
         for (i, o) in objects.iter().enumerate() {
             let e = self.event(o)?;
-            let p = ctx.sender.send_with(vec![e], SendOptions::default()).await;
-            match p {
-                Ok(p) => pending.push(async move { (i, p.await) }),
-                Err(_) => break,
-            }
+            let p = ctx.sender.send(vec![e]).await;
+            pending.push(async move { (i, p.await) });
         }
         let mut delivered = Vec::new();
         let mut failed = 0;
         while let Some((i, outcome)) = pending.next().await {
             match outcome.status {
                 Status::Delivered => delivered.push(i),
-                _ => failed += 1,
+                Status::Rejected => {
+                    tracing::warn!(source = %self.name, key = %objects[i].key, reason = outcome.reason.as_deref().unwrap_or(""), "s3: object event rejected by a sink; not sent again until the object changes");
+                    delivered.push(i);
+                }
+                Status::Failed | Status::InFlight => failed += 1,
             }
         }
         if !delivered.is_empty() {
@@ -573,12 +583,7 @@ impl Poller {
                 .write(&self.table, &puts, &[])
                 .map_err(|e| e.to_string())?;
         }
-        if failed > 0 {
-            return Err(format!(
-                "{failed} object event(s) not delivered; they are sent again at the next listing"
-            ));
-        }
-        Ok(())
+        Ok(failed)
     }
 }
 
@@ -617,6 +622,7 @@ mod tests {
             attrs: vec![],
             sent: None,
             receives: 1,
+            group: None,
         }
     }
 

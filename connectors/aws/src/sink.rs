@@ -162,8 +162,14 @@ impl BatchError {
             SdkError::ServiceError(se) => {
                 let status = se.raw().status().as_u16();
                 let err = se.err();
+                let code = err.code().unwrap_or("");
                 BatchError {
-                    sender_fault: (400..500).contains(&status) && status != 429 && status != 403,
+                    // SQS and SNS answer throttling, KMS and auth trouble with 4xx too: those
+                    // pass; only what is wrong with the request itself is the sender's fault.
+                    sender_fault: (400..500).contains(&status)
+                        && status != 429
+                        && status != 403
+                        && !is_transient_code(code),
                     reason: format!(
                         "{verb}: {} {} (HTTP {status})",
                         err.code().unwrap_or("error"),
@@ -232,6 +238,24 @@ fn settle(name: &str, verb: &str, answer: Result<BatchAnswer, BatchError>, items
     }
 }
 
+/// Error codes SQS and SNS answer with a 4xx that are not the request's fault: throttling, KMS
+/// and credential trouble, a queue or topic being created or deleted.
+fn is_transient_code(code: &str) -> bool {
+    let c = code.to_ascii_lowercase();
+    c.contains("throttl")
+        || c.contains("limitexceeded")
+        || c.contains("overlimit")
+        || c.starts_with("kms")
+        || c.contains("token")
+        || c.contains("signature")
+        || c.contains("accessdenied")
+        || c.contains("authorization")
+        || c.contains("unavailable")
+        || c.contains("internal")
+        || c.contains("nonexistent")
+        || c.contains("notfound")
+}
+
 /// Sends `entries` in one call and settles each item from its own entry's result. A batch of
 /// several that AWS refuses as a whole for the sender's fault is sent again one entry at a
 /// time, so that only the entry at fault is refused.
@@ -295,7 +319,6 @@ async fn run_batches<F>(
     mut ctx: SinkContext,
     concurrency: usize,
     mode: Mode,
-    non_empty_body: bool,
     mut send: impl FnMut(Vec<(SinkItem, Encoded)>) -> F,
 ) -> Result<(), ConnectorError>
 where
@@ -318,10 +341,7 @@ where
                 let encoded: Vec<(SinkItem, Encoded)> = buf
                     .drain(..)
                     .map(|item| {
-                        let mut enc = attrs::encode(&item.event, mode);
-                        if non_empty_body && enc.body.is_empty() {
-                            enc = attrs::encode(&item.event, Mode::Structured);
-                        }
+                        let enc = attrs::encode(&item.event, mode);
                         (item, enc)
                     })
                     .collect();
@@ -430,7 +450,6 @@ impl SinkConfig for SqsSinkConfig {
                 ctx,
                 self.concurrency,
                 self.mode,
-                false,
                 send,
             )) as Running)
         })
@@ -564,7 +583,6 @@ impl SinkConfig for SnsSinkConfig {
                 ctx,
                 self.concurrency,
                 self.mode,
-                true,
                 send,
             )) as Running)
         })

@@ -76,11 +76,11 @@ pub struct SnsSourceConfig {
     /// PEM CA bundle to trust for fetching certificates, instead of the system's roots.
     pub ca: Option<PathBuf>,
     /// How long a notification waits for its sinks before the answer is 503 (SNS retries).
-    /// Default 30s.
-    #[serde(default = "thirty_seconds")]
+    /// Default 10s (SNS stops waiting for an HTTP endpoint's answer after about 15 s).
+    #[serde(default = "ten_seconds")]
     pub ack_timeout: HumanDuration,
-    /// Largest request body. Default 512KiB (an SNS message is at most 256 KiB; the envelope
-    /// adds to it).
+    /// Largest request body. Default 1536KiB: an SNS message is at most 256 KiB, but JSON
+    /// escaping in the envelope can more than double it, and a 413 is not retried by SNS.
     #[serde(default = "default_max_body")]
     pub max_body: ByteSize,
     #[serde(default)]
@@ -137,14 +137,14 @@ fn default_path() -> String {
 fn one_hour() -> HumanDuration {
     HumanDuration::from_secs(3600)
 }
-fn thirty_seconds() -> HumanDuration {
-    HumanDuration::from_secs(30)
+fn ten_seconds() -> HumanDuration {
+    HumanDuration::from_secs(10)
 }
 fn yes() -> bool {
     true
 }
 fn default_max_body() -> ByteSize {
-    ByteSize(512 * 1024)
+    ByteSize(1536 * 1024)
 }
 
 impl SourceConfig for SnsSourceConfig {
@@ -197,6 +197,7 @@ impl SourceConfig for SnsSourceConfig {
                 metadata: serde_json::to_value(&self.metadata).unwrap_or_default(),
                 certs: Mutex::new(HashMap::new()),
                 client,
+                fetches: tokio::sync::Semaphore::new(4),
                 sender: ctx.sender.clone(),
                 name: name.clone(),
                 cfg: *self,
@@ -206,6 +207,9 @@ impl SourceConfig for SnsSourceConfig {
         })
     }
 }
+
+/// Connections served at once; more wait in the listen backlog.
+const MAX_CONNECTIONS: usize = 1024;
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -251,9 +255,13 @@ async fn serve(
     ctx: SourceContext,
 ) -> Result<(), ConnectorError> {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Connection tasks, owned here: bounded in number, and ended after the drain's bound (each
+    // holds the endpoint, whose sender keeps the pipeline open).
+    let mut conns = tokio::task::JoinSet::new();
     loop {
         let (stream, _) = tokio::select! {
-            r = listener.accept() => match r {
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            r = listener.accept(), if conns.len() < MAX_CONNECTIONS => match r {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(source = %endpoint.name, error = %e, "sns: accept failed");
@@ -275,7 +283,7 @@ async fn serve(
         match &tls {
             None => {
                 let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
-                tokio::spawn(async move {
+                conns.spawn(async move {
                     let _ = conn.await;
                 });
             }
@@ -284,7 +292,7 @@ async fn serve(
                 // does not hold the accept loop.
                 let (acceptor, watcher) = (acceptor.clone(), graceful.watcher());
                 let name = endpoint.name.clone();
-                tokio::spawn(async move {
+                conns.spawn(async move {
                     let tls = match tokio::time::timeout(
                         Duration::from_secs(10),
                         acceptor.accept(stream),
@@ -309,6 +317,8 @@ async fn serve(
     // Requests in progress finish (each bounded by ack_timeout); connections then close.
     let bound = endpoint.cfg.ack_timeout.get() + Duration::from_secs(5);
     let _ = tokio::time::timeout(bound, graceful.shutdown()).await;
+    conns.abort_all();
+    while conns.join_next().await.is_some() {}
     tracing::debug!(source = %endpoint.name, "sns: stopped");
     Ok(())
 }
@@ -377,8 +387,11 @@ pub(crate) fn canonical(e: &Envelope) -> Result<String, &'static str> {
 }
 
 /// Whether `url` is HTTPS on a host SNS signs from: `sns.<region>.amazonaws.com[.cn]`
-/// (region: 3 or more letters, digits, `-`), or one of `extra` (`host` or `host:port`).
-pub(crate) fn allowed_url(url: &str, extra: &[String]) -> bool {
+/// (region: 3 or more letters, digits, `-`), or one of `extra` (`host` or `host:port`). On an
+/// SNS host a certificate URL (`cert`) must also be SNS's own form,
+/// `/SimpleNotificationService-<hex>.pem` without a query, so that unsigned requests cannot make
+/// Sluice fetch arbitrary paths.
+pub(crate) fn allowed_url(url: &str, extra: &[String], cert: bool) -> bool {
     let Ok(uri) = url.parse::<http::Uri>() else {
         return false;
     };
@@ -404,15 +417,23 @@ pub(crate) fn allowed_url(url: &str, extra: &[String]) -> bool {
     let rest = host
         .strip_suffix(".amazonaws.com")
         .or_else(|| host.strip_suffix(".amazonaws.com.cn"));
-    match rest.and_then(|r| r.strip_prefix("sns.")) {
-        Some(region) => {
+    let sns_host = rest
+        .and_then(|r| r.strip_prefix("sns."))
+        .is_some_and(|region| {
             region.len() >= 3
                 && region
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        }
-        None => false,
+        });
+    if !sns_host || !cert {
+        return sns_host;
     }
+    let name = uri
+        .path()
+        .strip_prefix("/SimpleNotificationService-")
+        .and_then(|p| p.strip_suffix(".pem"));
+    uri.query().is_none()
+        && name.is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// Verifies `signature` (base64) over `canonical` with the certificate's RSA key: SHA1 for
@@ -450,6 +471,8 @@ struct Endpoint {
     /// Signing certificates by URL (DER). Bounded: a full cache is cleared.
     certs: Mutex<HashMap<String, Arc<Vec<u8>>>>,
     client: HttpsClient,
+    /// Outbound fetches (certificates, confirmations) at once.
+    fetches: tokio::sync::Semaphore,
     sender: SourceSender,
 }
 
@@ -485,7 +508,17 @@ impl Endpoint {
         }
         let headers = req.headers().clone();
         let limit = self.cfg.max_body.bytes() as usize;
-        let body = match Limited::new(req.into_body(), limit).collect().await {
+        let read = tokio::time::timeout(
+            Duration::from_secs(10),
+            Limited::new(req.into_body(), limit).collect(),
+        );
+        let Ok(read) = read.await else {
+            return answer(
+                StatusCode::REQUEST_TIMEOUT,
+                "the body did not arrive within 10s",
+            );
+        };
+        let body = match read {
             Ok(b) => b.to_bytes(),
             Err(e) => {
                 if e.downcast_ref::<http_body_util::LengthLimitError>()
@@ -552,7 +585,7 @@ impl Endpoint {
                 )
             }
         };
-        if !allowed_url(&env.signing_cert_url, &self.cfg.cert_hosts) {
+        if !allowed_url(&env.signing_cert_url, &self.cfg.cert_hosts, true) {
             return self.refuse(
                 StatusCode::UNAUTHORIZED,
                 "bad_cert_url",
@@ -628,8 +661,12 @@ impl Endpoint {
         Ok(der)
     }
 
-    /// A GET over HTTPS, bounded in time and size.
+    /// A GET over HTTPS, bounded in time and size, at most 4 at once.
     async fn get(&self, url: &str) -> Result<Bytes, String> {
+        let _permit = tokio::time::timeout(Duration::from_secs(10), self.fetches.acquire())
+            .await
+            .map_err(|_| "too many fetches waiting".to_string())?
+            .map_err(|e| e.to_string())?;
         let req = Request::get(url)
             .body(Full::new(Bytes::new()))
             .map_err(|e| e.to_string())?;
@@ -656,7 +693,7 @@ impl Endpoint {
             return answer(StatusCode::OK, "not confirmed (confirm: false)");
         }
         let url = env.subscribe_url.as_deref().unwrap_or("");
-        if !allowed_url(url, &self.cfg.cert_hosts) {
+        if !allowed_url(url, &self.cfg.cert_hosts, false) {
             return self.refuse(
                 StatusCode::UNAUTHORIZED,
                 "bad_subscribe_url",
@@ -709,10 +746,16 @@ impl Endpoint {
                 .with_time(Timestamp::now())
                 .with_json(serde_json::to_vec(&data).map_err(|e| e.to_string())?));
         }
+        // The header is not signed: taken only when it names a subscription of the signed topic
+        // (`<TopicArn>:<id>`), else the topic; the source is part of the dedup key.
         let source = headers
             .get("x-amz-sns-subscription-arn")
             .and_then(|v| v.to_str().ok())
-            .filter(|s| !s.is_empty())
+            .filter(|s| {
+                s.strip_prefix(env.topic_arn.as_str())
+                    .and_then(|r| r.strip_prefix(':'))
+                    .is_some_and(|id| !id.is_empty() && !id.contains(':'))
+            })
             .unwrap_or(&env.topic_arn);
         let mut e = Event::new(
             &*env.message_id,
@@ -760,6 +803,11 @@ impl Endpoint {
             );
         }
         let sub = h("x-amz-sns-subscription-arn");
+        let sub = if sub.strip_prefix(topic).is_some_and(|r| r.starts_with(':')) {
+            sub
+        } else {
+            ""
+        };
         let ct = if sluice_core::event::is_json(&body) {
             "application/json"
         } else {
@@ -839,30 +887,47 @@ mod tests {
     #[test]
     fn certificate_urls_only_https_on_sns_hosts() {
         let none: Vec<String> = vec![];
-        assert!(allowed_url(
-            "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-abc.pem",
+        let cert = |u: &str, extra: &[String]| allowed_url(u, extra, true);
+        assert!(cert(
+            "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-9c6465fa7f48f5cacd23014631ec1136.pem",
             &none
         ));
-        assert!(allowed_url(
-            "https://sns.cn-north-1.amazonaws.com.cn/x.pem",
+        assert!(cert(
+            "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-abc.pem",
             &none
         ));
         for bad in [
-            "http://sns.us-east-1.amazonaws.com/x.pem",
-            "https://sns.us-east-1.amazonaws.com.evil.com/x.pem",
-            "https://evil.com/sns.us-east-1.amazonaws.com/x.pem",
-            "https://sns.us.amazonaws.com/x.pem",
-            "https://s3.us-east-1.amazonaws.com/x.pem",
-            "https://user@sns.us-east-1.amazonaws.com/x.pem",
-            "https://sns.us-east-1.amazonaws.com:8443/x.pem",
+            "http://sns.us-east-1.amazonaws.com/SimpleNotificationService-abc.pem",
+            "https://sns.us-east-1.amazonaws.com.evil.com/SimpleNotificationService-abc.pem",
+            "https://evil.com/sns.us-east-1.amazonaws.com/SimpleNotificationService-abc.pem",
+            "https://sns.us.amazonaws.com/SimpleNotificationService-abc.pem",
+            "https://s3.us-east-1.amazonaws.com/SimpleNotificationService-abc.pem",
+            "https://user@sns.us-east-1.amazonaws.com/SimpleNotificationService-abc.pem",
+            "https://sns.us-east-1.amazonaws.com:8443/SimpleNotificationService-abc.pem",
+            // SNS's host, but not SNS's certificate file names: unsigned requests must not
+            // choose what Sluice fetches.
+            "https://sns.us-east-1.amazonaws.com/x.pem",
+            "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-abc.pem?n=1",
+            "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-zz.pem",
             "not a url",
         ] {
-            assert!(!allowed_url(bad, &none), "{bad} allowed");
+            assert!(!cert(bad, &none), "{bad} allowed");
         }
+        // SubscribeURL: any path on an SNS host.
+        assert!(allowed_url(
+            "https://sns.us-east-1.amazonaws.com/?Action=ConfirmSubscription&Token=t",
+            &none,
+            false
+        ));
+        assert!(!allowed_url(
+            "http://sns.us-east-1.amazonaws.com/?Action=x",
+            &none,
+            false
+        ));
         let extra = vec!["127.0.0.1:8443".to_string()];
-        assert!(allowed_url("https://127.0.0.1:8443/c.pem", &extra));
-        assert!(!allowed_url("http://127.0.0.1:8443/c.pem", &extra));
-        assert!(!allowed_url("https://127.0.0.1:9443/c.pem", &extra));
+        assert!(cert("https://127.0.0.1:8443/c.pem", &extra));
+        assert!(!cert("http://127.0.0.1:8443/c.pem", &extra));
+        assert!(!cert("https://127.0.0.1:9443/c.pem", &extra));
     }
 
     #[test]

@@ -60,7 +60,7 @@ aws_options! {
         /// Messages one poll asks for (1 to 10). Default 10.
         #[serde(default = "ten")]
         pub max_messages: i32,
-        /// How long one poll waits for messages (long polling, 0 to 20s). Default 20s.
+        /// How long one poll waits for messages (long polling, 1s to 20s). Default 20s.
         #[serde(default = "twenty_seconds")]
         pub wait_time: HumanDuration,
         /// How long a received message stays hidden from other consumers; extended while its
@@ -132,8 +132,11 @@ impl Polling {
         if !(1..=10).contains(&self.max_messages) {
             return Err("max_messages must be between 1 and 10 (SQS returns at most 10)".into());
         }
-        if self.wait_time > Duration::from_secs(20) {
-            return Err("wait_time must be at most 20s (the SQS long-poll limit)".into());
+        if self.wait_time > Duration::from_secs(20) || self.wait_time < Duration::from_secs(1) {
+            return Err(
+                "wait_time must be between 1s and 20s (long polling: 0 would poll an empty queue in a tight loop)"
+                    .into(),
+            );
         }
         let vis = self.visibility_timeout;
         if vis < Duration::from_secs(2) || vis > Duration::from_secs(12 * 3600) {
@@ -182,6 +185,8 @@ pub(crate) struct Received {
     pub sent: Option<chrono::DateTime<chrono::Utc>>,
     /// `ApproximateReceiveCount` (1 the first time).
     pub receives: u32,
+    /// `MessageGroupId` (FIFO queues).
+    pub group: Option<String>,
 }
 
 impl Received {
@@ -197,7 +202,6 @@ impl Received {
         let sys = attributes.unwrap_or_default();
         let num = |k: &MessageSystemAttributeName| sys.get(k).and_then(|v| v.parse::<i64>().ok());
         Some(Received {
-            message_id: message_id?,
             receipt: receipt_handle?,
             body: Bytes::from(body.unwrap_or_default()),
             attrs: attrs::from_sqs(message_attributes.unwrap_or_default()),
@@ -206,6 +210,10 @@ impl Received {
             receives: num(&MessageSystemAttributeName::ApproximateReceiveCount)
                 .and_then(|n| u32::try_from(n).ok())
                 .unwrap_or(1),
+            group: sys
+                .get(&MessageSystemAttributeName::MessageGroupId)
+                .cloned(),
+            message_id: message_id?,
         })
     }
 }
@@ -401,6 +409,9 @@ pub(crate) fn start<D: Decode>(
 struct Handle {
     receipt: String,
     receives: u32,
+    /// For a move to a FIFO dead-letter queue: the group and the message id (deduplication).
+    group: Option<String>,
+    message_id: String,
     /// For a move to the dead-letter queue.
     body: Bytes,
     attrs: Vec<(String, Attr)>,
@@ -430,7 +441,8 @@ impl<D: Decode> Engine<D> {
             .visibility_timeout(self.polling.visibility_timeout.as_secs() as i32)
             .message_attribute_names("All")
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
-            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount);
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId);
         let name = self.name.clone();
         Box::pin(async move {
             let r = call.send().await;
@@ -517,7 +529,10 @@ impl<D: Decode> Engine<D> {
                 }
                 _ = leases.tick() => {
                     let mut due = Vec::new();
-                    window.extend_leases(vis / 2, |h| due.push((h.receipt.clone(), vis.as_secs() as i32)));
+                    // Leases count from the push, up to a quarter of `vis` after the receipt
+                    // (the send bound above): a margin of three quarters extends every message
+                    // before SQS's own timer runs out.
+                    window.extend_leases(vis * 3 / 4, |h| due.push((h.receipt.clone(), vis.as_secs() as i32)));
                     if !due.is_empty() {
                         self.telemetry.lease_extensions.increment(due.len() as u64);
                         for chunk in due.chunks(10) {
@@ -564,6 +579,10 @@ impl<D: Decode> Engine<D> {
         calls: &mut FuturesUnordered<BoxFuture<'static, ()>>,
     ) {
         let mut full = false;
+        // One bound for the whole poll's sends, so the loop (and the lease extensions it runs)
+        // is held at most a quarter of the visibility timeout.
+        let until =
+            Instant::now() + (self.polling.visibility_timeout / 4).max(Duration::from_millis(100));
         for m in msgs {
             let Some(r) = Received::from_message(m) else {
                 continue;
@@ -574,10 +593,14 @@ impl<D: Decode> Engine<D> {
             let handle = Handle {
                 receipt: r.receipt.clone(),
                 receives: r.receives,
+                group: r.group.clone(),
+                message_id: r.message_id.clone(),
                 body: r.body.clone(),
                 attrs: Vec::new(),
             };
-            if full {
+            // The poll asked for no more than its reserved room; a server that hands out more
+            // gets the surplus back soon instead of overfilling the window.
+            if full || window.room() == 0 {
                 self.retry_later(handle, Duration::from_secs(1), hide, calls);
                 continue;
             }
@@ -585,7 +608,9 @@ impl<D: Decode> Engine<D> {
                 Ok(Made::Events(events)) => {
                     let opts = SendOptions {
                         timeout: Some(
-                            (self.polling.visibility_timeout / 4).max(Duration::from_millis(100)),
+                            until
+                                .saturating_duration_since(Instant::now())
+                                .max(Duration::from_millis(1)),
                         ),
                         deadline: Some(Instant::now() + self.polling.max_extension),
                         ..SendOptions::default()
@@ -799,6 +824,13 @@ impl<D: Decode> Engine<D> {
             .send_message()
             .queue_url(&dlq)
             .message_body(String::from_utf8_lossy(&h.body).into_owned());
+        if dlq.ends_with(".fifo") {
+            // A FIFO queue takes nothing without a group; the message id keeps a retried move
+            // from landing twice.
+            send = send
+                .message_group_id(h.group.clone().unwrap_or_else(|| "sluice".into()))
+                .message_deduplication_id(h.message_id.clone());
+        }
         for (k, a) in &h.attrs {
             if let Ok(v) = aws_sdk_sqs::types::MessageAttributeValue::builder()
                 .data_type(&a.data_type)
