@@ -588,3 +588,38 @@ impl SinkConfig for SnsSinkConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttling_and_credential_codes_are_not_the_senders_fault() {
+        for code in [
+            "RequestThrottled",
+            "ThrottlingException",
+            "KmsThrottled",
+            "KMS.ThrottlingException",
+            "KmsAccessDenied",
+            "AccessDenied",
+            "ExpiredToken",
+            "InvalidClientTokenId",
+            "SignatureDoesNotMatch",
+            "AWS.SimpleQueueService.NonExistentQueue",
+            "NotFound",
+            "ServiceUnavailable",
+            "InternalError",
+        ] {
+            assert!(is_transient_code(code), "{code}");
+        }
+        for code in [
+            "InvalidParameterValue",
+            "InvalidMessageContents",
+            "BatchRequestTooLong",
+            "InvalidParameter",
+            "ValidationError",
+        ] {
+            assert!(!is_transient_code(code), "{code}");
+        }
+    }
+}
