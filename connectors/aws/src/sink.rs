@@ -238,6 +238,19 @@ fn settle(name: &str, verb: &str, answer: Result<BatchAnswer, BatchError>, items
     }
 }
 
+/// A failed entry of a batch answer: its id, whether it is the sender's fault (never for a
+/// transient code), and the reason.
+fn failed_entry(
+    verb: &str,
+    id: String,
+    sender_fault: bool,
+    code: &str,
+    message: Option<String>,
+) -> (String, (bool, String)) {
+    let reason = format!("{verb}: {code} {}", message.unwrap_or_default());
+    (id, (sender_fault && !is_transient_code(code), reason))
+}
+
 /// Error codes SQS and SNS answer with a 4xx that are not the request's fault: throttling, KMS
 /// and credential trouble, a queue or topic being created or deleted.
 fn is_transient_code(code: &str) -> bool {
@@ -424,16 +437,12 @@ impl SinkConfig for SqsSinkConfig {
                                     .failed
                                     .into_iter()
                                     .map(|f| {
-                                        (
+                                        failed_entry(
+                                            "SendMessageBatch",
                                             f.id,
-                                            (
-                                                f.sender_fault,
-                                                format!(
-                                                    "SendMessageBatch: {} {}",
-                                                    f.code,
-                                                    f.message.unwrap_or_default()
-                                                ),
-                                            ),
+                                            f.sender_fault,
+                                            &f.code,
+                                            f.message,
                                         )
                                     })
                                     .collect(),
@@ -557,16 +566,12 @@ impl SinkConfig for SnsSinkConfig {
                                     .unwrap_or_default()
                                     .into_iter()
                                     .map(|f| {
-                                        (
+                                        failed_entry(
+                                            "PublishBatch",
                                             f.id,
-                                            (
-                                                f.sender_fault,
-                                                format!(
-                                                    "PublishBatch: {} {}",
-                                                    f.code,
-                                                    f.message.unwrap_or_default()
-                                                ),
-                                            ),
+                                            f.sender_fault,
+                                            &f.code,
+                                            f.message,
                                         )
                                     })
                                     .collect(),
