@@ -98,8 +98,9 @@ declare -A HELM_CASES=(
   [persistence]="--set persistence.enabled=true --set replicas=2"
   [loadbalancer]="--set service.type=LoadBalancer"
   [user-config]="-f deploy/test/values-user-config.yaml"
+  [listeners]="-f deploy/test/values-listeners.yaml"
 )
-HELM_ORDER=(default edge sidecar relay persistence loadbalancer user-config)
+HELM_ORDER=(default edge sidecar relay persistence loadbalancer user-config listeners)
 renders=()   # flavour:file, for the validations below
 for hv in 3 4; do
   H=HELM$hv; H=${!H}
@@ -261,6 +262,12 @@ svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] =
 assert sorted(p["port"] for p in svc["spec"]["ports"]) == [8080, 8081], svc["spec"]["ports"]
 adm = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "sluice-admin")
 assert [p["port"] for p in adm["spec"]["ports"]] == [9090], adm["spec"]["ports"]
+PY
+check "every listening kind gets its port (webhook and github on 12000, sns on 12001)" "$PY" - "$OUT/helm4/listeners.yaml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "sluice")
+assert sorted(p["port"] for p in svc["spec"]["ports"]) == [12000, 12001], svc["spec"]["ports"]
 PY
 check "persistence sets state_dir on a StatefulSet with one claim per replica" "$PY" - "$OUT/helm4/persistence.yaml" <<'PY'
 import sys, yaml

@@ -41,6 +41,10 @@ SELINUX_TYPES = {None, "", "container_t", "container_init_t", "container_kvm_t",
                  "container_engine_t"}
 DEFAULT_ADMIN = "127.0.0.1:7777"
 DEFAULT_WEBHOOK = "0.0.0.0:12000"
+# Source kinds that listen for HTTP, with their default address (the webhook's port, but sns).
+LISTENERS = {k: DEFAULT_WEBHOOK for k in ("webhook", "github", "gitlab", "bitbucket", "bitbucket-server",
+                                           "gerrit", "stripe", "slack", "standard-webhooks", "hmac")}
+LISTENERS["sns"] = "0.0.0.0:12001"
 
 problems = []
 
@@ -237,8 +241,9 @@ def check_sluice(name, doc, spec, configmaps):
     # ports derived from the config
     want = set()
     for src in (cfg.get("sources") or {}).values():
-        if (src or {}).get("kind") == "webhook":
-            h, p = split_listen(src.get("listen", DEFAULT_WEBHOOK))
+        kind = (src or {}).get("kind")
+        if kind in LISTENERS:
+            h, p = split_listen(src.get("listen", LISTENERS[kind]))
             if not loopback(h):
                 want.add(p)
     if admin_on and not loopback(host):

@@ -129,9 +129,13 @@ shutdown_grace and memory_budget. */}}
 {{- $adminHost := trimSuffix (printf ":%s" $adminPort) $adminListen }}
 {{- $ports := dict }}
 {{- $hooks := list }}
+{{- /* Kinds that listen for HTTP, with their default path; all default to 0.0.0.0:12000
+       but sns (its own listener, 0.0.0.0:12001). */ -}}
+{{- $listeners := dict "webhook" "/" "github" "/github" "gitlab" "/gitlab" "bitbucket" "/bitbucket" "bitbucket-server" "/bitbucket-server" "gerrit" "/gerrit" "stripe" "/stripe" "slack" "/slack" "standard-webhooks" "/webhooks" "hmac" "/hmac" "sns" "/sns" }}
 {{- range $name, $src := ($cfg.sources | default dict) }}
-{{- if eq (toString $src.kind) "webhook" }}
-{{- $listen := toString (default "0.0.0.0:12000" $src.listen) }}
+{{- $kind := toString $src.kind }}
+{{- if hasKey $listeners $kind }}
+{{- $listen := toString (default (ternary "0.0.0.0:12001" "0.0.0.0:12000" (eq $kind "sns")) $src.listen) }}
 {{- $port := regexFind "[0-9]+$" $listen }}
 {{- if not $port }}
 {{- fail (printf "config.sources.%s.listen is %q: the chart derives the container port from it and needs a literal host:port" $name $listen) }}
@@ -140,7 +144,7 @@ shutdown_grace and memory_budget. */}}
 {{- $loopback := or (hasPrefix "127." $host) (eq $host "[::1]") (eq $host "localhost") }}
 {{- if not $loopback }}
 {{- $_ := set $ports $port true }}
-{{- $hooks = append $hooks (dict "name" $name "path" (toString (default "/" $src.path)) "port" $port) }}
+{{- $hooks = append $hooks (dict "name" $name "path" (toString (default (get $listeners $kind) $src.path)) "port" $port) }}
 {{- end }}
 {{- end }}
 {{- end }}
