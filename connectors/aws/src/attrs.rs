@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use base64::Engine as _;
 use bytes::Bytes;
 use sluice_core::event::{
-    check_extension_name, extension_name_from, is_json, Data, Event, EventError, ExtValue,
+    check_extension_name, extension_name_from, Data, Event, EventError, ExtValue,
 };
 use sluice_core::{format, kafka_binding};
 
@@ -103,8 +103,7 @@ pub(crate) fn plain_data(e: Event, attrs: &[(String, Attr)], body: Bytes) -> Eve
     }
     let ct = match content_type(attrs) {
         Some(ct) => ct.to_owned(),
-        None if is_json(&body) => "application/json".to_owned(),
-        None => "text/plain; charset=utf-8".to_owned(),
+        None => sluice_core::event::guess_content_type(&body).to_owned(),
     };
     let data = Data::from_bytes(body, Some(&ct));
     e.with_data(Some(ct), data)

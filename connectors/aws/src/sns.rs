@@ -808,11 +808,7 @@ impl Endpoint {
         } else {
             ""
         };
-        let ct = if sluice_core::event::is_json(&body) {
-            "application/json"
-        } else {
-            "text/plain; charset=utf-8"
-        };
+        let ct = sluice_core::event::guess_content_type(&body);
         let data = sluice_core::Data::from_bytes(body, Some(ct));
         let e = Event::new(
             id,

@@ -188,6 +188,19 @@ pub fn is_json(bytes: &[u8]) -> bool {
     !bytes.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
 }
 
+/// The content type of a payload that came without one (an MQTT 3.1.1 or Redis Pub/Sub message,
+/// an SQS body without a `content-type` attribute): `application/json` when it is one JSON
+/// document, `text/plain; charset=utf-8` when it is UTF-8, else `application/octet-stream`.
+pub fn guess_content_type(payload: &[u8]) -> &'static str {
+    if is_json(payload) {
+        "application/json"
+    } else if std::str::from_utf8(payload).is_ok() {
+        "text/plain; charset=utf-8"
+    } else {
+        "application/octet-stream"
+    }
+}
+
 /// `application/json`, `text/json` and any `+json` structured suffix (parameters ignored).
 pub fn is_json_media_type(ct: &str) -> bool {
     let essence = ct.split(';').next().unwrap_or("").trim();

@@ -316,13 +316,7 @@ impl MqttSource {
         if format::looks_structured(&p.payload) {
             return format::decode_event(&p.payload).map(|e| (e, None));
         }
-        let ct = if sluice_core::event::is_json(&p.payload) {
-            "application/json"
-        } else if std::str::from_utf8(&p.payload).is_ok() {
-            "text/plain; charset=utf-8"
-        } else {
-            "application/octet-stream"
-        };
+        let ct = sluice_core::event::guess_content_type(&p.payload);
         let mut e = Event::new(id, &*self.source, &*self.ty)
             .with_subject(p.topic.as_str())
             .with_time(time);

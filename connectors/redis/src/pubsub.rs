@@ -177,13 +177,7 @@ impl PubSubSource {
         if format::looks_structured(&m.payload) {
             return format::decode_event(&m.payload).map(|e| (e, false));
         }
-        let ct = if sluice_core::event::is_json(&m.payload) {
-            "application/json"
-        } else if std::str::from_utf8(&m.payload).is_ok() {
-            "text/plain; charset=utf-8"
-        } else {
-            "application/octet-stream"
-        };
+        let ct = sluice_core::event::guess_content_type(&m.payload);
         let mut e = Event::new(uuid::Uuid::now_v7().to_string(), &*self.source, &*self.ty)
             .with_subject(&*m.channel)
             .with_time(Timestamp::now());
