@@ -228,6 +228,8 @@ struct Top {
     shutdown_grace: Option<Value>,
     sources: Option<IndexMap<String, Value>>,
     processors: Option<IndexMap<String, Value>>,
+    /// Processors of kind `sensor`, by name (the kind is implied).
+    sensors: Option<IndexMap<String, Value>>,
     sinks: Option<IndexMap<String, Value>>,
     routes: Option<Vec<Value>>,
 }
@@ -271,6 +273,9 @@ pub struct Config {
     /// Routes; `from` indexes sources then processors, `to` sinks then processors (the order
     /// of `pipeline::wiring::PipelineSpec`).
     pub routes: Vec<RouteSpec>,
+    /// `(stage, queue)` pairs that processors address by name (a sensor's trigger sinks), in
+    /// the index spaces of `routes`.
+    pub addressed: Vec<(usize, usize)>,
 }
 
 /// Where the config comes from: `-c FILE`, else `./sluice.yaml`, else the embedded default.
@@ -658,6 +663,8 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     let mut sources = Vec::new();
     let mut sinks = Vec::new();
     let mut processors: Vec<ProcessorEntry> = Vec::new();
+    // Per processor: the config path it was declared at (`processors.x`, `sensors.y`).
+    let mut processor_paths: Vec<Vec<String>> = Vec::new();
     let mut names: HashMap<String, &'static str> = HashMap::new();
     // Declared names, parsed or not: a route to a sink whose own config is wrong is not a
     // second error.
@@ -669,11 +676,18 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             "processors",
             top.processors.unwrap_or_default(),
         ),
+        (Role::Processor, "sensors", top.sensors.unwrap_or_default()),
         (Role::Sink, "sinks", top.sinks.unwrap_or_default()),
     ] {
         for (name, value) in map {
             let base = vec![seg(section), name.clone()];
-            declared.entry(section).or_default().push(name.clone());
+            // Sensors are processors: routes and errors treat them as such.
+            let decl = if section == "sensors" {
+                "processors"
+            } else {
+                section
+            };
+            declared.entry(decl).or_default().push(name.clone());
             if let Some(other) = names.insert(name.clone(), section) {
                 cx.err(
                     &base,
@@ -693,6 +707,15 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                 continue;
             };
             let kind = match map.remove("kind") {
+                None if section == "sensors" => "sensor".to_owned(),
+                Some(Value::String(k)) if section == "sensors" && k != "sensor" => {
+                    cx.err(
+                        &[base.clone(), vec![seg("kind")]].concat(),
+                        false,
+                        format!("{section}.{name}.kind: a sensor's kind is `sensor` (leave it out); `{k}` belongs under `processors:`"),
+                    );
+                    continue;
+                }
                 Some(Value::String(k)) => k,
                 // `kind: null` is YAML's null value; it can only mean the `null` sink.
                 Some(Value::Null) => "null".to_owned(),
@@ -721,6 +744,14 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                     continue;
                 }
             };
+            if section == "sensors" && !kinds.iter().any(|k| k.name == "sensor") {
+                cx.err(
+                    &base,
+                    true,
+                    format!("{section}.{name}: this binary was built without the `sensor` feature; rebuild with `--features sensor`"),
+                );
+                continue;
+            }
             let Some(entry) = kinds.iter().find(|k| k.role == role && k.name == kind) else {
                 let known: Vec<&str> = kinds
                     .iter()
@@ -772,6 +803,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                         common,
                         config: cfg,
                     });
+                    processor_paths.push(base);
                 }
                 Role::Sink => {
                     let common = take_keys(&mut map, &SINK_COMMON_KEYS);
@@ -883,6 +915,69 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         routes.push(RouteSpec { from, to, matches });
     }
 
+    // The routes processors imply: a route from each stage a processor reads (a sensor's
+    // dependency sources) and an addressed pair to each sink it names (its trigger targets).
+    let mut addressed = Vec::new();
+    let user_routes = routes.len();
+    // For each implied route and addressed pair, the processor that implies it.
+    let mut implied_by = Vec::new();
+    for (p, proc_) in processors.iter().enumerate() {
+        let wiring = proc_.config.wiring();
+        let base = &processor_paths[p];
+        let shown = base.join(".");
+        let stage_names: Vec<&str> = sources
+            .iter()
+            .map(|s| s.name.as_str())
+            .chain(processors.iter().map(|p| p.name.as_str()))
+            .collect();
+        let queue_names: Vec<&str> = sinks
+            .iter()
+            .map(|s| s.name.as_str())
+            .chain(processors.iter().map(|p| p.name.as_str()))
+            .collect();
+        let mut find = |named: &sluice_core::NamedStage, names: &[&str], section: &str, what: &str| {
+            let found = names.iter().position(|n| *n == named.name);
+            let declared_elsewhere = declared
+                .get(section)
+                .is_some_and(|d| d.contains(&named.name))
+                || declared
+                    .get("processors")
+                    .is_some_and(|d| d.contains(&named.name));
+            if found.is_none() && !declared_elsewhere {
+                let hint = suggest(&named.name, names.iter().copied())
+                    .map(|s| format!(" (did you mean `{s}`?)"))
+                    .unwrap_or_default();
+                let path = [base.clone(), named.path.clone()].concat();
+                cx.err(
+                    &path,
+                    false,
+                    format!(
+                        "{shown}.{}: no {what} named `{}`{hint}",
+                        named.path.join("."),
+                        named.name
+                    ),
+                );
+            }
+            found
+        };
+        for input in &wiring.inputs {
+            if let Some(from) = find(input, &stage_names, "sources", "source or processor") {
+                routes.push(RouteSpec {
+                    from: vec![from],
+                    to: vec![sinks.len() + p],
+                    matches: Vec::new(),
+                });
+                implied_by.push(p);
+            }
+        }
+        for target in &wiring.targets {
+            if let Some(to) = find(target, &queue_names, "sinks", "sink or processor") {
+                addressed.push((sources.len() + p, to));
+            }
+        }
+    }
+    implied_by.extend(addressed.iter().map(|&(from, _)| from - sources.len()));
+
     // A processor nothing routes to would never see its input end (it holds a sender into the
     // pipeline itself), so every stop would wait out the whole grace: refuse it.
     for (p, proc_) in processors.iter().enumerate() {
@@ -891,18 +986,40 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             .any(|r| r.to.iter().any(|&t| t == sinks.len() + p));
         if !fed {
             cx.err(
-                &[seg("processors"), proc_.name.clone()],
+                &processor_paths[p],
                 true,
                 format!(
-                    "processors.{}: no route sends events to it; add a route with `to: [{}]` or remove it",
-                    proc_.name, proc_.name
+                    "{}: no route sends events to it; add a route with `to: [{}]` or remove it",
+                    processor_paths[p].join("."), proc_.name
                 ),
             );
         }
     }
+    // Addressed pairs are edges of the graph too (a sensor whose trigger is a processor).
+    let mut graph = routes.clone();
+    graph.extend(addressed.iter().map(|&(from, to)| RouteSpec {
+        from: vec![from],
+        to: vec![to],
+        matches: Vec::new(),
+    }));
     let processor_order =
-        match processor_graph(&routes, sources.len(), sinks.len(), processors.len()) {
+        match processor_graph(&graph, sources.len(), sinks.len(), processors.len()) {
             Ok(order) => order,
+            Err((route, cycle)) if route >= user_routes => {
+                let names: Vec<&str> = cycle.iter().map(|&p| processors[p].name.as_str()).collect();
+                let by = &processor_paths[implied_by[route - user_routes]];
+                cx.err(
+                    by,
+                    true,
+                    format!(
+                        "{}: its inputs or targets close a cycle of processors ({}); events would \
+                     go round for ever: remove one of these links",
+                        by.join("."),
+                        names.join(" → ")
+                    ),
+                );
+                Vec::new()
+            }
             Err((route, cycle)) => {
                 let names: Vec<&str> = cycle.iter().map(|&p| processors[p].name.as_str()).collect();
                 cx.err(
@@ -988,6 +1105,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         processors,
         processor_order,
         routes,
+        addressed,
     })
 }
 

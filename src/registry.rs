@@ -72,6 +72,7 @@ impl<T: SinkConfig> DynSink for T {
 /// A parsed processor config with its type erased.
 pub trait DynProcessor: Send {
     fn validate(&self, name: &str) -> Result<(), String>;
+    fn wiring(&self) -> sluice_core::Wiring;
     fn build(
         self: Box<Self>,
         ctx: ProcessorContext,
@@ -81,6 +82,9 @@ pub trait DynProcessor: Send {
 impl<T: ProcessorConfig> DynProcessor for T {
     fn validate(&self, name: &str) -> Result<(), String> {
         ProcessorConfig::validate(self, name)
+    }
+    fn wiring(&self) -> sluice_core::Wiring {
+        ProcessorConfig::wiring(self)
     }
     fn build(
         self: Box<Self>,
@@ -334,6 +338,11 @@ pub fn kinds() -> Vec<Kind> {
         processor::<sluice_transform::SetConfig>(
             "set",
             "sets type, subject and extensions from templates over the event's attributes",
+        ),
+        #[cfg(feature = "sensor")]
+        processor::<sluice_sensor::SensorConfig>(
+            "sensor",
+            "Argo-style Sensor: dependencies with filters, conditions, parameterized triggers into sinks, retries, rate limit, dead letter; partial matches kept in state_dir",
         ),
         #[cfg(feature = "console")]
         sink::<sluice_console::LogConfig>("log", "one structured JSON CloudEvent per line on stdout"),

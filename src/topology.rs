@@ -141,6 +141,7 @@ pub async fn run(
             })
             .collect(),
         routes: config.routes.clone(),
+        addressed: config.addressed.clone(),
         dedup: Some(DedupConfig {
             window: p.dedup_window.get(),
             capacity: p.dedup_capacity,

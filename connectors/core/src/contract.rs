@@ -82,10 +82,31 @@ pub struct ProcessorContext {
     pub shared: Shared,
 }
 
+/// A stage named in a processor's own config, with where it is named (config path segments
+/// below the processor, for the error position).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedStage {
+    pub name: String,
+    pub path: Vec<String>,
+}
+
+/// The routes a processor's config implies, so that users need not write them again: the
+/// stages it reads from (each becomes a route into the processor) and the sinks it addresses
+/// by name through [`crate::SourceSender::send_to`] (the Sensor's trigger targets).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Wiring {
+    pub inputs: Vec<NamedStage>,
+    pub targets: Vec<NamedStage>,
+}
+
 /// A processor kind's configuration (filters, transforms, the Sensor).
 pub trait ProcessorConfig: DeserializeOwned + fmt::Debug + Send + Sync + 'static {
     fn validate(&self, _name: &str) -> Result<(), String> {
         Ok(())
+    }
+    /// The routes this config implies (none by default: the `routes:` section says).
+    fn wiring(&self) -> Wiring {
+        Wiring::default()
     }
     fn build(
         self: Box<Self>,

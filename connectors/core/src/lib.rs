@@ -20,10 +20,11 @@ pub mod testkit;
 pub mod units;
 
 pub use contract::{
-    BoxFuture, ConnectorError, ProcessorConfig, ProcessorContext, Running, Shared, SinkConfig,
-    SinkContext, SourceConfig, SourceContext,
+    BoxFuture, ConnectorError, NamedStage, ProcessorConfig, ProcessorContext, Running, Shared, SinkConfig,
+    SinkContext, SourceConfig, SourceContext, Wiring,
 };
 pub use event::{Data, Event, EventError, ExtValue, Timestamp};
 pub use pipeline::{
     Delivery, Outcome, Overloaded, Pending, SendOptions, SinkInput, SinkItem, SourceSender, Status,
+    Target,
 };

@@ -28,6 +28,16 @@ pub const SOURCE_LAG: &str = "sluice_source_lag";
 pub const SOURCE_COMMITS: &str = "sluice_source_commits_total";
 pub const SOURCE_LEASE_EXTENSIONS: &str = "sluice_source_lease_extensions_total";
 pub const SOURCE_RECONNECTS: &str = "sluice_source_reconnects_total";
+/// A sensor's dependency events: `result` = `matched`, `filtered` (with `family`) or `error`.
+pub const SENSOR_DEPENDENCY_EVENTS: &str = "sluice_sensor_dependency_events_total";
+/// A sensor's trigger runs: `result` = `fired`, `failed`, `dead_lettered`.
+pub const SENSOR_TRIGGERS: &str = "sluice_sensor_triggers_total";
+pub const SENSOR_TRIGGER_RETRIES: &str = "sluice_sensor_trigger_retries_total";
+pub const SENSOR_RATE_LIMITED: &str = "sluice_sensor_rate_limited_total";
+/// Dependency events a sensor holds for its triggers' conditions.
+pub const SENSOR_STATE_EVENTS: &str = "sluice_sensor_state_events";
+/// Partial matches dropped: `reason` = `reset`, `ttl`, `capacity`.
+pub const SENSOR_STATE_EVICTIONS: &str = "sluice_sensor_state_evictions_total";
 
 /// Buckets for [`DELIVERY_LATENCY`], in seconds.
 pub const LATENCY_BUCKETS: &[f64] = &[

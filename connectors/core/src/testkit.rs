@@ -71,6 +71,7 @@ fn spec(source: &str, sink: &str, queue_events: usize, when_full: WhenFull) -> P
             to: vec![0],
             matches: vec![],
         }],
+        addressed: Vec::new(),
         dedup: Some(DedupConfig {
             window: Duration::from_secs(600),
             capacity: 100_000,
@@ -297,54 +298,82 @@ impl SinkRig {
     }
 }
 
-/// A processor under test: a feeding source → the processor's queue → the processor → a
-/// [`Capture`] sink, all through the real pipeline (ack chaining, budget, closing included).
+/// A processor under test: feeding sources → the processor's queue → the processor → sinks
+/// that capture what it emits, all through the real pipeline (ack chaining, budget, closing
+/// included).
 pub struct ProcessorRig {
     pub grace_over: CancellationToken,
     pub state: Arc<MemoryStateStore>,
-    feed: Option<SourceSender>,
+    feeds: Vec<(String, SourceSender)>,
     context: Option<(SinkInput, SourceSender)>,
-    capture: Option<Capture>,
+    captures: Vec<(String, Option<Capture>)>,
 }
 
 impl ProcessorRig {
+    /// One feed (`<processor>-feed`) and one capture (`<processor>-capture`) that a route
+    /// from the processor fills.
     pub fn new(processor: &str) -> Self {
+        let feed = format!("{processor}-feed");
+        let capture = format!("{processor}-capture");
+        Self::build(processor, &[&feed], &[&capture], false)
+    }
+
+    /// Feeds named `feeds` routed into the processor, and capture sinks named `targets` that
+    /// the processor addresses by name ([`SourceSender::target`]; no route from it).
+    pub fn addressing(processor: &str, feeds: &[&str], targets: &[&str]) -> Self {
+        Self::build(processor, feeds, targets, true)
+    }
+
+    fn build(processor: &str, feeds: &[&str], targets: &[&str], addressed: bool) -> Self {
         metrics();
-        let mut spec = spec(
-            &format!("{processor}-feed"),
-            &format!("{processor}-capture"),
-            10_000,
-            WhenFull::Block,
-        );
+        let mut spec = spec(feeds[0], targets[0], 10_000, WhenFull::Block);
+        spec.sources = feeds.iter().map(|s| s.to_string()).collect();
+        spec.sinks = targets
+            .iter()
+            .map(|t| pipeline::SinkSpec {
+                name: t.to_string(),
+                queue_events: 10_000,
+                queue_bytes: 64 << 20,
+                when_full: WhenFull::Block,
+                dead_letter: None,
+            })
+            .collect();
         spec.processors = vec![pipeline::ProcessorSpec {
             name: processor.into(),
             queue_events: 10_000,
             queue_bytes: 64 << 20,
         }];
-        // Senders: 0 = feed, 1 = processor. Queues: 0 = capture, 1 = processor.
-        spec.routes = vec![
-            RouteSpec {
-                from: vec![0],
-                to: vec![1],
+        // Senders: feeds, then the processor. Queues: targets, then the processor.
+        let (nf, nt) = (feeds.len(), targets.len());
+        spec.routes = vec![RouteSpec {
+            from: (0..nf).collect(),
+            to: vec![nt],
+            matches: vec![],
+        }];
+        if addressed {
+            spec.addressed = (0..nt).map(|t| (nf, t)).collect();
+        } else {
+            spec.routes.push(RouteSpec {
+                from: vec![nf],
+                to: (0..nt).collect(),
                 matches: vec![],
-            },
-            RouteSpec {
-                from: vec![1],
-                to: vec![0],
-                matches: vec![],
-            },
-        ];
+            });
+        }
         let built = pipeline::build(&spec);
-        let mut senders = built.senders.into_iter();
-        let mut inputs = built.inputs.into_iter();
-        let (feed, out) = (senders.next(), senders.next());
-        let (capture, input) = (inputs.next(), inputs.next());
+        let mut senders = built.senders;
+        let mut inputs = built.inputs;
+        let out = senders.pop();
+        let input = inputs.pop();
         ProcessorRig {
             grace_over: CancellationToken::new(),
             state: Arc::new(MemoryStateStore::default()),
-            feed,
+            feeds: feeds.iter().map(|f| f.to_string()).zip(senders).collect(),
             context: input.zip(out),
-            capture: capture.map(|input| Capture { input }),
+            captures: targets
+                .iter()
+                .map(|t| t.to_string())
+                .zip(inputs.into_iter().map(|input| Some(Capture { input })))
+                .collect(),
         }
     }
 
@@ -364,21 +393,39 @@ impl ProcessorRig {
         }
     }
 
-    /// The sink after the processor (once).
+    /// The (first) sink after the processor (once).
     pub fn capture(&mut self) -> Capture {
-        self.capture
-            .take()
-            .expect("testkit: capture() is taken once")
+        let name = self.captures[0].0.clone();
+        self.capture_of(&name)
     }
 
+    /// The capture sink named `name` (once).
+    pub fn capture_of(&mut self, name: &str) -> Capture {
+        self.captures
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, c)| c.take())
+            .unwrap_or_else(|| panic!("testkit: no capture `{name}`, or it was taken"))
+    }
+
+    /// The (first) feed.
     pub fn sender(&self) -> &SourceSender {
-        self.feed.as_ref().expect("testkit: the feed was closed")
+        &self.feeds.first().expect("testkit: the feeds were closed").1
     }
 
-    /// Drops the feed: the processor sees the end of its input, finishes and returns, and the
-    /// capture sees the end of its own.
+    /// The feed named `name`.
+    pub fn sender_of(&self, name: &str) -> &SourceSender {
+        self.feeds
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, s)| s)
+            .unwrap_or_else(|| panic!("testkit: no feed `{name}`, or the feeds were closed"))
+    }
+
+    /// Drops the feeds: the processor sees the end of its input, finishes and returns, and the
+    /// captures see the end of their own.
     pub fn close(&mut self) {
-        self.feed = None;
+        self.feeds.clear();
     }
 }
 

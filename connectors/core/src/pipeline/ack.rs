@@ -76,12 +76,15 @@ pub(crate) struct Unit {
     state: Mutex<UnitState>,
     pub(crate) started: Instant,
     dedup: Option<Arc<Dedup>>,
+    /// The stage (source or processor) that sent the unit.
+    origin: Arc<str>,
 }
 
 impl Unit {
     pub(crate) fn new(
         events: usize,
         dedup: Option<Arc<Dedup>>,
+        origin: Arc<str>,
     ) -> (Arc<Unit>, oneshot::Receiver<Outcome>) {
         let (tx, rx) = oneshot::channel();
         let states = (0..events)
@@ -101,6 +104,7 @@ impl Unit {
             }),
             started: Instant::now(),
             dedup,
+            origin,
         });
         (unit, rx)
     }
@@ -333,6 +337,13 @@ impl Delivery {
     /// When the event entered Sluice (for latency).
     pub fn received_at(&self) -> Instant {
         self.unit.started
+    }
+
+    /// The name of the stage that sent the event: the source (key under `sources:`), or the
+    /// processor whose output it is. A processor that treats its inputs by where they came
+    /// from (the Sensor's dependencies) reads it.
+    pub fn origin(&self) -> &str {
+        &self.unit.origin
     }
 
     /// Reports the event's outcome. Callable from any thread, including a client library's

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-pub use ack::{Delivery, Outcome, Status};
+pub use ack::{Delivery, Outcome, Status, DEAD_LETTER_REASON, DEAD_LETTER_SINK, DEAD_LETTER_STATUS};
 pub use chain::hand_off;
 pub use queue::{SinkInput, SinkItem, WhenFull};
 pub use window::{SinkWindow, Step};
@@ -40,6 +40,8 @@ pub(crate) struct SourceRoutes {
 pub(crate) struct Pipeline {
     pub(crate) sinks: Vec<SinkQueue>,
     pub(crate) routes: Vec<SourceRoutes>,
+    /// Per stage: the queues it may address by name (`send_to`).
+    pub(crate) addressed: Vec<Vec<usize>>,
     pub(crate) dedup: Option<Arc<Dedup>>,
     pub(crate) unrouted: Unrouted,
 }
@@ -70,6 +72,8 @@ pub struct Overloaded;
 pub struct SourceSender {
     pipeline: Arc<Pipeline>,
     source: usize,
+    /// The stage's name, carried by each unit it sends ([`Delivery::origin`]).
+    name: Arc<str>,
     /// Dedup scope seed (from the source's name); `None` for a processor's output, which is
     /// never deduplicated again: its inputs were, at ingress, and its output keeps their
     /// identity (a second check would find the input's own entry in flight).
@@ -125,18 +129,50 @@ impl SourceSender {
             .map_err(|_| Overloaded)
     }
 
+    /// The queue named `name` (a sink or processor) when this stage may address it
+    /// ([`wiring::PipelineSpec::addressed`]); `None` otherwise.
+    pub fn target(&self, name: &str) -> Option<Target> {
+        let p = &*self.pipeline;
+        p.addressed
+            .get(self.source)?
+            .iter()
+            .copied()
+            .find(|&q| &*p.sinks[q].shared.name == name)
+            .map(Target)
+    }
+
+    /// Hands one unit's events to one addressed queue, past the routes (and, as every
+    /// processor output, past dedup), waiting for room as [`SourceSender::send`] does.
+    pub async fn send_to(&self, target: Target, events: Vec<Event>) -> Pending {
+        self.dispatch_to(events, SendOptions::default(), Some(target.0))
+            .await
+    }
+
     async fn dispatch(&self, events: Vec<Event>, opts: SendOptions) -> Pending {
+        self.dispatch_to(events, opts, None).await
+    }
+
+    async fn dispatch_to(
+        &self,
+        events: Vec<Event>,
+        opts: SendOptions,
+        target: Option<usize>,
+    ) -> Pending {
         let n = events.len();
         let dedup = match (opts.skip_dedup, self.dedup_seed, &self.pipeline.dedup) {
             (false, Some(seed), Some(d)) => Some((d, seed)),
             _ => None,
         };
-        let (unit, rx) = Unit::new(n, dedup.map(|(d, _)| d.clone()));
+        let (unit, rx) = Unit::new(n, dedup.map(|(d, _)| d.clone()), self.name.clone());
         let mut guard = RoutingGuard::new(unit);
         self.telemetry.received.increment(n as u64);
         let mut targets = Vec::new();
         for (idx, event) in events.into_iter().enumerate() {
-            self.route_one(&mut guard, &mut targets, dedup, idx, event)
+            if let Some(t) = target {
+                targets.clear();
+                targets.push(t);
+            }
+            self.route_one(&mut guard, &mut targets, dedup, idx, event, target.is_some())
                 .await;
         }
         guard.finish();
@@ -153,12 +189,14 @@ impl SourceSender {
         dedup: Option<(&Arc<Dedup>, u64)>,
         idx: usize,
         event: Event,
+        addressed: bool,
     ) {
         let p = &*self.pipeline;
         // Route first: an unrouted event records nothing in the dedup window, so a later copy
         // that a route takes is not mistaken for an already delivered one.
         let routes = &p.routes[self.source];
         let list: &[usize] = match &routes.static_targets {
+            _ if addressed => targets,
             Some(t) => t,
             None => {
                 targets.clear();
@@ -232,6 +270,10 @@ impl SourceSender {
     }
 }
 
+/// A queue a stage addresses by name ([`SourceSender::target`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target(usize);
+
 /// Resolves to the [`Outcome`] of one inbound unit.
 pub struct Pending {
     rx: oneshot::Receiver<Outcome>,
@@ -285,6 +327,7 @@ mod tests {
                 .collect(),
             processors: Vec::new(),
             routes,
+            addressed: Vec::new(),
             dedup: Some(DedupConfig {
                 window: Duration::from_secs(60),
                 capacity: 1000,

@@ -430,7 +430,7 @@ mod tests {
         );
         let slot = q.tx.reserve().await.unwrap();
         drop(input);
-        let (unit, rx) = Unit::new(1, None);
+        let (unit, rx) = Unit::new(1, None, "test".into());
         let p1 = q.bytes.clone().try_acquire_many_owned(10).unwrap();
         let p2 = budget.try_acquire_many_owned(10).unwrap();
         let delivery = Delivery::new(unit.clone(), 0, q.shared.clone(), (p1, p2), None);

@@ -93,6 +93,11 @@ pub struct PipelineSpec {
     /// [`Built::senders`]).
     pub processors: Vec<ProcessorSpec>,
     pub routes: Vec<RouteSpec>,
+    /// `(stage, queue)` pairs that a stage reaches only by name, through
+    /// [`SourceSender::target`] and [`SourceSender::send_to`]: a processor that addresses its
+    /// targets itself (the Sensor's triggers name their sinks). They keep the queue open for
+    /// the stage as a route does; a plain `send` never uses them.
+    pub addressed: Vec<(usize, usize)>,
     pub dedup: Option<DedupConfig>,
     /// Persist the dedup window (the caller runs [`Dedup::persist_until`]).
     pub dedup_persistent: bool,
@@ -187,7 +192,16 @@ pub fn build(spec: &PipelineSpec) -> Built {
             feeds[from].extend(r.to.iter().copied().filter(|&t| t < inputs.len()));
         }
     }
-    for f in &mut feeds {
+    let mut addressed: Vec<Vec<usize>> = vec![Vec::new(); stages];
+    for &(from, to) in spec
+        .addressed
+        .iter()
+        .filter(|&&(f, t)| f < stages && t < inputs.len())
+    {
+        feeds[from].push(to);
+        addressed[from].push(to);
+    }
+    for f in feeds.iter_mut().chain(addressed.iter_mut()) {
         f.sort_unstable();
         f.dedup();
     }
@@ -215,6 +229,7 @@ pub fn build(spec: &PipelineSpec) -> Built {
     let pipeline = Arc::new(Pipeline {
         sinks: queues,
         routes,
+        addressed,
         dedup: dedup.clone(),
         unrouted: spec.unrouted,
     });
@@ -227,6 +242,7 @@ pub fn build(spec: &PipelineSpec) -> Built {
         .map(|(i, (role, name))| SourceSender {
             pipeline: pipeline.clone(),
             source: i,
+            name: Arc::from(name.as_str()),
             dedup_seed: (role == "source").then(|| super::dedup::ingress_seed(name)),
             telemetry: SourceTelemetry::labelled(role, name),
             _stage: tokens[i].clone(),

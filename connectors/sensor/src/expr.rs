@@ -1,0 +1,410 @@
+//! `exprs` filters: Argo writes them in govaluate's syntax (`a == "b" || c == 10`,
+//! `name =~ "^pr-"`); Sluice translates each to CEL and runs it on the `cel` crate.
+//!
+//! govaluate compares every number as float64, so numeric literals become CEL doubles and
+//! numeric fields are bound as doubles: `c == 10` holds for a field value of `10` or `10.0`.
+//! Supported: literals (numbers, single- or double-quoted strings, `true`/`false`, `nil`),
+//! variables, `!`, unary `-`, `* / %`, `+ -`, `< <= > >=`, `== !=`, `=~ !~` (regular
+//! expressions, unanchored), `&&`, `||`, `c ? a : b`, `x in (a, b)` and parentheses. The rest
+//! of govaluate (bitwise operators, `**`, `??`, dates as strings) is refused at validation.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Num(f64),
+    Str(String),
+    Ident(String),
+    Op(&'static str),
+    Open,
+    Close,
+    Comma,
+}
+
+const OPS: [&str; 20] = [
+    "&&", "||", "==", "!=", "=~", "!~", ">=", "<=", "**", "??", "<<", ">>", ">", "<", "+", "-",
+    "*", "/", "%", "!",
+];
+
+fn lex(s: &str) -> Result<Vec<Tok>, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c.is_ascii_whitespace() {
+            i += 1;
+            continue;
+        }
+        if c == b'(' || c == b')' || c == b',' {
+            out.push(match c {
+                b'(' => Tok::Open,
+                b')' => Tok::Close,
+                _ => Tok::Comma,
+            });
+            i += 1;
+            continue;
+        }
+        if c == b'?' && b.get(i + 1) != Some(&b'?') {
+            out.push(Tok::Op("?"));
+            i += 1;
+            continue;
+        }
+        if c == b':' {
+            out.push(Tok::Op(":"));
+            i += 1;
+            continue;
+        }
+        if c.is_ascii_digit() || (c == b'.' && b.get(i + 1).is_some_and(u8::is_ascii_digit)) {
+            let start = i;
+            while i < b.len() && (b[i].is_ascii_digit() || b[i] == b'.') {
+                i += 1;
+            }
+            let n: f64 = s[start..i]
+                .parse()
+                .map_err(|_| format!("`{}` is not a number", &s[start..i]))?;
+            out.push(Tok::Num(n));
+            continue;
+        }
+        if c == b'"' || c == b'\'' {
+            let quote = c;
+            let mut v = String::new();
+            i += 1;
+            loop {
+                match b.get(i) {
+                    None => return Err("a string literal is not closed".into()),
+                    Some(&q) if q == quote => {
+                        i += 1;
+                        break;
+                    }
+                    Some(b'\\') => {
+                        let next = s[i + 1..].chars().next().ok_or("a string ends in `\\`")?;
+                        v.push(match next {
+                            'n' => '\n',
+                            't' => '\t',
+                            other => other,
+                        });
+                        i += 1 + next.len_utf8();
+                    }
+                    Some(_) => {
+                        let ch = s[i..].chars().next().unwrap_or_default();
+                        v.push(ch);
+                        i += ch.len_utf8();
+                    }
+                }
+            }
+            out.push(Tok::Str(v));
+            continue;
+        }
+        if c == b'[' {
+            // govaluate's escaped parameter name: [name with-dashes]
+            let end = s[i..].find(']').ok_or("`[` without `]`")?;
+            out.push(Tok::Ident(s[i + 1..i + end].to_owned()));
+            i += end + 1;
+            continue;
+        }
+        if c.is_ascii_alphabetic() || c == b'_' {
+            let start = i;
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'.') {
+                i += 1;
+            }
+            out.push(Tok::Ident(s[start..i].to_owned()));
+            continue;
+        }
+        match OPS.iter().find(|op| s[i..].starts_with(**op)) {
+            Some(op) => {
+                out.push(Tok::Op(op));
+                i += op.len();
+            }
+            None => {
+                let ch = s[i..].chars().next().unwrap_or('?');
+                return Err(format!("unexpected `{ch}`"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+struct P {
+    toks: Vec<Tok>,
+    at: usize,
+}
+
+fn binding(op: &str) -> Option<u8> {
+    Some(match op {
+        "?" => 1,
+        "||" => 2,
+        "&&" => 3,
+        "==" | "!=" | "=~" | "!~" => 4,
+        "<" | "<=" | ">" | ">=" => 5,
+        "+" | "-" => 6,
+        "*" | "/" | "%" => 7,
+        _ => return None,
+    })
+}
+
+impl P {
+    fn peek(&self) -> Option<&Tok> {
+        self.toks.get(self.at)
+    }
+
+    fn expr(&mut self, min: u8) -> Result<String, String> {
+        let mut lhs = self.unary()?;
+        loop {
+            let op = match self.peek() {
+                Some(Tok::Op(op)) => *op,
+                Some(Tok::Ident(w)) if w == "in" => "in",
+                _ => break,
+            };
+            if op == "in" {
+                if min > 4 {
+                    break;
+                }
+                self.at += 1;
+                if self.peek() != Some(&Tok::Open) {
+                    return Err("`in` takes a parenthesised list: `x in (1, 2)`".into());
+                }
+                self.at += 1;
+                let mut items = Vec::new();
+                loop {
+                    items.push(self.expr(1)?);
+                    match self.peek() {
+                        Some(Tok::Comma) => self.at += 1,
+                        Some(Tok::Close) => {
+                            self.at += 1;
+                            break;
+                        }
+                        _ => return Err("missing `)` after the `in` list".into()),
+                    }
+                }
+                lhs = format!("({lhs} in [{}])", items.join(", "));
+                continue;
+            }
+            let Some(bp) = binding(op) else {
+                return Err(format!("the govaluate operator `{op}` is not supported"));
+            };
+            if bp < min {
+                break;
+            }
+            self.at += 1;
+            if op == "?" {
+                let a = self.expr(1)?;
+                if self.peek() != Some(&Tok::Op(":")) {
+                    return Err("`?` without `:`".into());
+                }
+                self.at += 1;
+                let b = self.expr(1)?;
+                lhs = format!("({lhs} ? {a} : {b})");
+                continue;
+            }
+            let rhs = self.expr(bp + 1)?;
+            lhs = match op {
+                "=~" => format!("({lhs}).matches({rhs})"),
+                "!~" => format!("!(({lhs}).matches({rhs}))"),
+                _ => format!("({lhs} {op} {rhs})"),
+            };
+        }
+        Ok(lhs)
+    }
+
+    fn unary(&mut self) -> Result<String, String> {
+        let t = self.peek().cloned().ok_or("the expression ends too early")?;
+        self.at += 1;
+        Ok(match t {
+            Tok::Num(n) => format!("{n:?}"),
+            Tok::Str(s) => serde_json::to_string(&s).unwrap_or_default(),
+            Tok::Ident(w) => match w.as_str() {
+                "true" | "false" => w,
+                "nil" => "null".into(),
+                _ => {
+                    if w.contains('.') {
+                        return Err(format!(
+                            "`{w}`: bind a field for it (`fields: [{{name: x, path: {w}}}]`)"
+                        ));
+                    }
+                    cel_name(&w)
+                }
+            },
+            Tok::Op("!") => format!("!({})", self.unary()?),
+            Tok::Op("-") => format!("-({})", self.unary()?),
+            Tok::Open => {
+                let e = self.expr(1)?;
+                if self.peek() != Some(&Tok::Close) {
+                    return Err("missing `)`".into());
+                }
+                self.at += 1;
+                format!("({e})")
+            }
+            other => return Err(format!("unexpected {other:?}")),
+        })
+    }
+}
+
+/// A govaluate variable name as a CEL identifier (CEL names cannot hold `-`).
+fn cel_name(name: &str) -> String {
+    let mut out = String::from("v_");
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            out.push(c)
+        } else {
+            out.push_str(&format!("_{:x}_", c as u32))
+        }
+    }
+    out
+}
+
+/// The expression in CEL.
+fn translate(expr: &str) -> Result<String, String> {
+    let toks = lex(expr)?;
+    if toks.is_empty() {
+        return Err("empty expression".into());
+    }
+    let mut p = P { toks, at: 0 };
+    let cel = p.expr(1)?;
+    if p.at != p.toks.len() {
+        return Err(format!("unexpected {:?}", p.toks[p.at]));
+    }
+    Ok(cel)
+}
+
+/// One compiled `exprs` entry.
+pub struct Expr {
+    source: String,
+    program: cel::Program,
+    /// (CEL variable, gjson path)
+    fields: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for Expr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Expr").field("expr", &self.source).finish()
+    }
+}
+
+impl Expr {
+    /// `fields` binds names to gjson paths into the event's data.
+    pub fn compile(expr: &str, fields: &[(String, String)]) -> Result<Expr, String> {
+        let t = translate(expr).map_err(|e| format!("{expr:?}: {e}"))?;
+        // A variable without a field is an error only if the evaluation reaches it (`&&`
+        // and `||` short-circuit, as govaluate's do).
+        let program = cel::Program::compile(&t)
+            .map_err(|e| format!("{expr:?}: cannot be compiled ({e})"))?;
+        Ok(Expr {
+            source: expr.to_owned(),
+            program,
+            fields: fields
+                .iter()
+                .map(|(n, p)| (cel_name(n), p.clone()))
+                .collect(),
+        })
+    }
+
+    /// Evaluates over the event's JSON data. A field whose path does not exist is an error
+    /// (as in Argo); so is a result that is not a boolean.
+    pub fn eval(&self, root: &cel::Context<'_, '_>, data: &str) -> Result<bool, String> {
+        let mut cx = root.new_inner_scope();
+        for (name, path) in &self.fields {
+            let v = gjson::get(data, path);
+            if !v.exists() {
+                return Err(format!("path {path:?} does not exist in the event's data"));
+            }
+            cx.add_variable_from_value(name.as_str(), to_cel(&v));
+        }
+        match self.program.execute(&cx) {
+            Ok(cel::Value::Bool(b)) => Ok(b),
+            Ok(other) => Err(format!(
+                "{:?} gave {other:?}, not a boolean",
+                self.source
+            )),
+            Err(cel::ExecutionError::UndeclaredReference(name)) => Err(format!(
+                "{:?}: `{}` is not bound; add it to `fields`",
+                self.source,
+                name.strip_prefix("v_").unwrap_or(&name)
+            )),
+            Err(e) => Err(format!("{:?}: {e}", self.source)),
+        }
+    }
+}
+
+/// A base context with CEL's standard functions, made once per sensor.
+pub fn root_context() -> cel::Context<'static, 'static> {
+    cel::Context::default()
+}
+
+/// A gjson value as a CEL value, every number a double (govaluate's float64).
+fn to_cel(v: &gjson::Value) -> cel::Value {
+    match v.kind() {
+        gjson::Kind::Null => cel::Value::Null,
+        gjson::Kind::False => cel::Value::Bool(false),
+        gjson::Kind::True => cel::Value::Bool(true),
+        gjson::Kind::Number => cel::Value::Float(v.f64()),
+        gjson::Kind::String => cel::Value::String(Arc::new(v.str().to_owned())),
+        gjson::Kind::Array => cel::Value::List(Arc::new(v.array().iter().map(to_cel).collect())),
+        gjson::Kind::Object => {
+            let mut m = HashMap::new();
+            v.each(|k, val| {
+                m.insert(
+                    cel::objects::Key::String(Arc::new(k.str().to_owned())),
+                    to_cel(&val),
+                );
+                true
+            });
+            cel::Value::Map(cel::objects::Map { map: Arc::new(m) })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(expr: &str, fields: &[(&str, &str)], data: &str) -> Result<bool, String> {
+        let f: Vec<(String, String)> = fields
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        Expr::compile(expr, &f)?.eval(&root_context(), data)
+    }
+
+    #[test]
+    fn argo_example_expressions() {
+        // examples/sensors/filter-with-expressions.yaml
+        let data = r#"{"a":"b","a-longer-name":10,"nested":{"path":{"can-get":{"longer":false}}}}"#;
+        assert!(run(r#"a == "b" || c == 10"#, &[("a", "a"), ("c", "a-longer-name")], data).unwrap());
+        assert!(run("e == false", &[("e", "nested.path.can-get.longer")], data).unwrap());
+        assert!(!run("c > 10", &[("c", "a-longer-name")], data).unwrap());
+        assert!(run("c >= 10 && c < 10.5", &[("c", "a-longer-name")], data).unwrap());
+    }
+
+    #[test]
+    fn regex_in_ternary_and_arithmetic() {
+        let data = r#"{"name":"pr-42","n":3,"kind":"x"}"#;
+        let f = [("name", "name"), ("n", "n"), ("kind", "kind")];
+        assert!(run(r#"name =~ "^pr-[0-9]+$""#, &f, data).unwrap());
+        assert!(run(r#"name !~ "^main""#, &f, data).unwrap());
+        assert!(run("n * 2 + 1 == 7", &f, data).unwrap());
+        assert!(run("n % 2 == 1 && -n < 0", &f, data).unwrap());
+        assert!(run("kind in ('x', 'y')", &f, data).unwrap());
+        assert!(!run("n in (1, 2)", &f, data).unwrap());
+        assert!(run("(n > 2 ? 'big' : 'small') == 'big'", &f, data).unwrap());
+        assert!(run("!(n == 4)", &f, data).unwrap());
+        assert!(run("[kind] == 'x'", &f, data).unwrap());
+    }
+
+    #[test]
+    fn errors() {
+        let data = r#"{"a":1}"#;
+        let e = run("a == 1 && b == 2", &[("a", "a")], data).unwrap_err();
+        assert!(e.contains("`b` is not bound"), "{e}");
+        // Not reached: no error (govaluate short-circuits too).
+        assert!(run("a == 1 || b == 2", &[("a", "a")], data).unwrap());
+        let e = run("a == 1", &[("a", "missing")], data).unwrap_err();
+        assert!(e.contains("does not exist"), "{e}");
+        let e = run("a ** 2 == 1", &[("a", "a")], data).unwrap_err();
+        assert!(e.contains("`**` is not supported"), "{e}");
+        let e = run("a + 1", &[("a", "a")], data).unwrap_err();
+        assert!(e.contains("not a boolean"), "{e}");
+        assert!(run("'open", &[], data).unwrap_err().contains("not closed"));
+    }
+}

@@ -1,0 +1,922 @@
+//! The sensor at run time: match each input against the dependencies, keep partial matches
+//! per trigger, fire triggers whose condition holds, and settle each input by the rules of
+//! `atLeastOnce`.
+
+use std::collections::HashMap;
+use std::str::FromStr as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use croner::Cron;
+use futures_util::future::join_all;
+use futures_util::FutureExt as _;
+use metrics::{counter, gauge, Counter, Gauge};
+use sluice_core::event::check_extension_name;
+use sluice_core::pipeline::{SinkWindow, Step, DEAD_LETTER_REASON, DEAD_LETTER_SINK};
+use sluice_core::state::StateStore;
+use sluice_core::telemetry as t;
+use sluice_core::{
+    ConnectorError, Event, Outcome, ProcessorContext, SinkItem, SourceSender, Status,
+    Target, Timestamp,
+};
+
+use crate::condition::{self, Cond};
+use crate::filter::Filters;
+use crate::params::{context_json, Param, Resolved};
+use crate::{expr, Retry, SensorConfig};
+
+const BATCH: usize = 64;
+
+pub(crate) struct Dep {
+    pub(crate) name: String,
+    ty: Option<String>,
+    filters: Filters,
+    matched: Counter,
+    errors: Counter,
+}
+
+pub(crate) struct Trigger {
+    pub(crate) name: String,
+    cond: Cond,
+    /// The dependencies the condition names, in the order their events are kept.
+    deps: Vec<usize>,
+    pure_or: bool,
+    sink: String,
+    dlq: Option<String>,
+    payload: Vec<Param>,
+    parameters: Vec<Param>,
+    retry: Retry,
+    rate: Option<Duration>,
+    at_least_once: bool,
+    resets: Vec<(Cron, chrono_tz::Tz)>,
+    correlate: Option<String>,
+    max_keys: usize,
+    ttl: Option<Duration>,
+    ty: String,
+}
+
+pub(crate) struct Sensor {
+    pub(crate) name: String,
+    pub(crate) deps: Vec<Dep>,
+    pub(crate) triggers: Vec<Trigger>,
+    /// Stage name → the dependencies that read it.
+    by_origin: HashMap<String, Vec<usize>>,
+    /// Per dependency: the triggers whose conditions name it.
+    dep_triggers: Vec<Vec<usize>>,
+}
+
+fn unique<'a>(names: impl Iterator<Item = &'a str>, what: &str) -> Result<(), String> {
+    let mut seen = Vec::new();
+    for (i, n) in names.enumerate() {
+        if n.is_empty() {
+            return Err(format!("{what}.{i}.name: must not be empty"));
+        }
+        if seen.contains(&n) {
+            return Err(format!("{what}.{i}.name: `{n}` is used twice"));
+        }
+        seen.push(n);
+    }
+    Ok(())
+}
+
+impl Sensor {
+    pub(crate) fn compile(cfg: &SensorConfig, name: &str) -> Result<Sensor, String> {
+        if cfg.dependencies.is_empty() {
+            return Err("dependencies: give at least one".into());
+        }
+        if cfg.triggers.is_empty() {
+            return Err("triggers: give at least one".into());
+        }
+        if cfg.concurrency == 0 {
+            return Err("concurrency: must be at least 1".into());
+        }
+        unique(cfg.dependencies.iter().map(|d| d.name.as_str()), "dependencies")?;
+        unique(cfg.triggers.iter().map(|t| t.name.as_str()), "triggers")?;
+        let mut deps = Vec::new();
+        let mut by_origin: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, d) in cfg.dependencies.iter().enumerate() {
+            let filters = Filters::compile(&d.filters.clone().unwrap_or_default(), d.filters_logical_operator)
+                .map_err(|e| format!("dependencies.{i}.{e}"))?;
+            by_origin.entry(d.source.clone()).or_default().push(i);
+            let l = |r: &'static str| {
+                counter!(t::SENSOR_DEPENDENCY_EVENTS, "sensor" => name.to_owned(), "dependency" => d.name.clone(), "result" => r)
+            };
+            deps.push(Dep {
+                name: d.name.clone(),
+                ty: d.ty.clone(),
+                filters,
+                matched: l("matched"),
+                errors: l("error"),
+            });
+        }
+        let dep_index = |n: &str| cfg.dependencies.iter().position(|d| d.name == n);
+        let mut triggers = Vec::new();
+        let mut dep_triggers = vec![Vec::new(); deps.len()];
+        for (ti, tc) in cfg.triggers.iter().enumerate() {
+            let what = format!("triggers.{ti}");
+            let cond = match tc.conditions.as_deref() {
+                Some(c) if !c.trim().is_empty() => condition::parse(c, &dep_index)
+                    .map_err(|e| format!("{what}.conditions: {e}"))?,
+                _ => Cond::all(deps.len()),
+            };
+            let mut tdeps = Vec::new();
+            cond.deps(&mut tdeps);
+            for &d in &tdeps {
+                dep_triggers[d].push(ti);
+            }
+            let params = |list: &[crate::ParamConfig], key: &str| -> Result<Vec<Param>, String> {
+                list.iter()
+                    .enumerate()
+                    .map(|(pi, p)| {
+                        let pw = format!("{what}.{key}.{pi}");
+                        let d = dep_index(&p.src.dependency_name).ok_or_else(|| {
+                            format!(
+                                "{pw}.src.dependencyName: `{}` is not a dependency of this sensor",
+                                p.src.dependency_name
+                            )
+                        })?;
+                        Param::compile(p, d, &pw)
+                    })
+                    .collect()
+            };
+            let payload = params(&tc.payload, "payload")?;
+            let parameters = params(&tc.parameters, "parameters")?;
+            for (pi, p) in tc.parameters.iter().enumerate() {
+                let first = p.dest.split('.').next().unwrap_or("");
+                let ok = matches!(first, "type" | "subject" | "dataschema")
+                    || (!matches!(first, "id" | "source" | "specversion" | "time" | "data" | "datacontenttype")
+                        && check_extension_name(first).is_ok());
+                if !ok || p.dest.contains('.') {
+                    return Err(format!(
+                        "{what}.parameters.{pi}.dest: `{}` is not an attribute a trigger may set (type, subject, dataschema, or an extension name)",
+                        p.dest
+                    ));
+                }
+            }
+            let mut resets = Vec::new();
+            for (ri, r) in tc.conditions_reset.iter().enumerate() {
+                let cron = Cron::from_str(&r.by_time.cron).map_err(|e| {
+                    format!("{what}.conditionsReset.{ri}.byTime.cron: {:?}: {e}", r.by_time.cron)
+                })?;
+                let tz = match r.by_time.timezone.as_deref().filter(|z| !z.is_empty()) {
+                    None => chrono_tz::UTC,
+                    Some(z) => z.parse().map_err(|_| {
+                        format!("{what}.conditionsReset.{ri}.byTime.timezone: {z:?} is not an IANA time zone")
+                    })?,
+                };
+                resets.push((cron, tz));
+            }
+            let rate = match &tc.rate_limit {
+                None => None,
+                Some(r) if r.requests_per_unit == 0 => {
+                    return Err(format!("{what}.rateLimit.requestsPerUnit: must be at least 1"))
+                }
+                Some(r) => {
+                    let unit = match r.unit {
+                        crate::RateUnit::Second => 1.0,
+                        crate::RateUnit::Minute => 60.0,
+                        crate::RateUnit::Hour => 3600.0,
+                    };
+                    Some(Duration::from_secs_f64(unit / r.requests_per_unit as f64))
+                }
+            };
+            if tc.max_keys == 0 {
+                return Err(format!("{what}.max_keys: must be at least 1"));
+            }
+            if let Some(p) = &tc.correlate_by {
+                if p.is_empty() {
+                    return Err(format!("{what}.correlate_by: give a gjson path"));
+                }
+            }
+            if tc.dlq_trigger.as_deref() == Some(tc.sink.as_str()) {
+                return Err(format!("{what}.dlqTrigger: must be another sink than `sink`"));
+            }
+            let ty = tc.ty.clone().unwrap_or_else(|| format!("sluice.sensor.{}", tc.name));
+            sluice_core::event::check_source_and_type(&format!("/sensors/{name}"), &ty)
+                .map_err(|e| format!("{what}.type: {e}"))?;
+            triggers.push(Trigger {
+                name: tc.name.clone(),
+                pure_or: cond.is_pure_or(),
+                cond,
+                deps: tdeps,
+                sink: tc.sink.clone(),
+                dlq: tc.dlq_trigger.clone(),
+                payload,
+                parameters,
+                retry: Retry::from(&tc.retry_strategy, &format!("{what}.retryStrategy"))?,
+                rate,
+                at_least_once: tc.at_least_once,
+                resets,
+                correlate: tc.correlate_by.clone(),
+                max_keys: tc.max_keys,
+                ttl: tc.state_ttl.map(|d| d.get()),
+                ty,
+            });
+        }
+        Ok(Sensor {
+            name: name.to_owned(),
+            deps,
+            triggers,
+            by_origin,
+            dep_triggers,
+        })
+    }
+
+    /// The dependencies `e` (from stage `origin`) satisfies.
+    fn matches(&self, root: &cel::Context<'_, '_>, origin: &str, e: &Event) -> Vec<usize> {
+        let Some(cands) = self.by_origin.get(origin) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for &d in cands {
+            let dep = &self.deps[d];
+            if dep.ty.as_deref().is_some_and(|ty| ty != e.ty) {
+                continue;
+            }
+            let v = dep.filters.eval(root, e);
+            for err in &v.errors {
+                tracing::debug!(sensor = %self.name, dependency = %dep.name, id = %e.id, error = %err, "filter error");
+            }
+            if !v.errors.is_empty() {
+                dep.errors.increment(1);
+            }
+            if v.pass {
+                dep.matched.increment(1);
+                out.push(d);
+            } else if let Some(family) = v.family {
+                counter!(t::SENSOR_DEPENDENCY_EVENTS, "sensor" => self.name.clone(), "dependency" => dep.name.clone(), "result" => "filtered", "family" => family).increment(1);
+            }
+        }
+        out
+    }
+
+    /// The events the trigger sends for the events `have` (one per satisfied dependency).
+    fn outputs(&self, ti: usize, have: &[(usize, Event)]) -> Result<Vec<Event>, String> {
+        let tr = &self.triggers[ti];
+        let by_dep = |d: usize| have.iter().find(|(x, _)| *x == d).map(|(_, e)| e);
+        let mut outs = if tr.payload.is_empty() {
+            have.iter().map(|(_, e)| e.clone()).collect()
+        } else {
+            let mut doc = serde_json::Value::Null;
+            for p in &tr.payload {
+                match p.resolve(by_dep(p.dep))? {
+                    Resolved::Skip => {}
+                    // Argo: the first parameter with an empty dest is the whole payload.
+                    Resolved::Value(v) if p.is_whole() => {
+                        doc = v;
+                        break;
+                    }
+                    Resolved::Value(v) => p.apply(&mut doc, v)?,
+                }
+            }
+            if doc.is_null() {
+                doc = serde_json::Value::Object(Default::default());
+            }
+            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            for part in [self.name.as_str(), "\0", tr.name.as_str()] {
+                h.update(part.as_bytes());
+            }
+            for (d, e) in have {
+                for part in ["\0", self.deps[*d].name.as_str(), "\0", &e.source, "\0", &e.id] {
+                    h.update(part.as_bytes());
+                }
+            }
+            let id = format!("{:032x}", h.digest128());
+            vec![Event::new(id, format!("/sensors/{}", self.name), tr.ty.clone())
+                .with_time(Timestamp::now())
+                .with_json(serde_json::to_vec(&doc).unwrap_or_default())]
+        };
+        if !tr.parameters.is_empty() {
+            for out in &mut outs {
+                let mut doc = context_json(out);
+                for p in &tr.parameters {
+                    match p.resolve(by_dep(p.dep))? {
+                        Resolved::Skip => {}
+                        Resolved::Value(v) => p.apply(&mut doc, v)?,
+                    }
+                }
+                let text = |k: &str| doc.get(k).map(|v| match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                });
+                for p in &tr.parameters {
+                    match p.dest_text.as_str() {
+                        "type" => out.ty = text("type").unwrap_or_default(),
+                        "subject" => out.subject = text("subject"),
+                        "dataschema" => out.dataschema = text("dataschema"),
+                        ext => {
+                            if let Some(v) = text(ext) {
+                                out.set_extension(ext.to_owned(), v);
+                            }
+                        }
+                    }
+                }
+                out.validate()
+                    .map_err(|e| format!("the parameters make an invalid CloudEvent: {e}"))?;
+            }
+        }
+        Ok(outs)
+    }
+}
+
+/// A kept dependency event.
+#[derive(Clone)]
+struct Stored {
+    event: Event,
+    at_ms: u64,
+}
+
+#[derive(Clone, Default)]
+struct Slot {
+    /// By position in the trigger's `deps`.
+    events: Vec<Option<Stored>>,
+    touched_ms: u64,
+}
+
+impl Slot {
+    fn count(&self) -> usize {
+        self.events.iter().filter(|e| e.is_some()).count()
+    }
+}
+
+/// Partial matches, per trigger and correlation key, mirrored in the state store.
+struct State {
+    table: String,
+    store: Option<Arc<dyn StateStore>>,
+    slots: Vec<HashMap<String, Slot>>,
+    gauges: Vec<Gauge>,
+    counts: Vec<usize>,
+}
+
+fn now_ms() -> u64 {
+    Utc::now().timestamp_millis().max(0) as u64
+}
+
+fn state_key(trigger: &str, key: &str, dep: &str) -> Vec<u8> {
+    [trigger.as_bytes(), b"\0", key.as_bytes(), b"\0", dep.as_bytes()].concat()
+}
+
+impl State {
+    fn new(s: &Sensor, store: Option<Arc<dyn StateStore>>) -> State {
+        State {
+            table: format!("sensor.{}", s.name),
+            store,
+            slots: s.triggers.iter().map(|_| HashMap::new()).collect(),
+            gauges: s
+                .triggers
+                .iter()
+                .map(|t| gauge!(t::SENSOR_STATE_EVENTS, "sensor" => s.name.clone(), "trigger" => t.name.clone()))
+                .collect(),
+            counts: vec![0; s.triggers.len()],
+        }
+    }
+
+    fn recount(&mut self, ti: usize) {
+        let n: usize = self.slots[ti].values().map(Slot::count).sum();
+        self.counts[ti] = n;
+        self.gauges[ti].set(n as f64);
+    }
+
+    fn write(&self, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) -> Result<(), String> {
+        let Some(store) = &self.store else { return Ok(()) };
+        if puts.is_empty() && deletes.is_empty() {
+            return Ok(());
+        }
+        let p: Vec<(&[u8], &[u8])> = puts.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+        let d: Vec<&[u8]> = deletes.iter().map(Vec::as_slice).collect();
+        store.write(&self.table, &p, &d).map_err(|e| e.to_string())
+    }
+
+    fn slot_keys(s: &Sensor, ti: usize, key: &str, slot: &Slot) -> Vec<Vec<u8>> {
+        let tr = &s.triggers[ti];
+        slot.events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.is_some())
+            .map(|(pos, _)| state_key(&tr.name, key, &s.deps[tr.deps[pos]].name))
+            .collect()
+    }
+
+    fn encode(st: &Stored) -> Vec<u8> {
+        let mut v = st.at_ms.to_be_bytes().to_vec();
+        sluice_core::format::encode_event_into(&st.event, &mut v);
+        v
+    }
+
+    /// Loads what the store holds, dropping entries of triggers or dependencies that no longer
+    /// exist, and entries older than the last reset tick or the trigger's TTL.
+    fn load(&mut self, s: &Sensor) -> Result<(), String> {
+        let Some(store) = self.store.clone() else { return Ok(()) };
+        let mut stale = Vec::new();
+        let now = now_ms();
+        let mut rows = Vec::new();
+        store
+            .scan(&self.table, &mut |k, v| rows.push((k.to_vec(), v.to_vec())))
+            .map_err(|e| e.to_string())?;
+        for (k, v) in rows {
+            let parts: Vec<&[u8]> = k.splitn(3, |b| *b == 0).collect();
+            let found = (parts.len() == 3 && v.len() > 8)
+                .then(|| {
+                    let tn = std::str::from_utf8(parts[0]).ok()?;
+                    let key = std::str::from_utf8(parts[1]).ok()?;
+                    let dn = std::str::from_utf8(parts[2]).ok()?;
+                    let ti = s.triggers.iter().position(|t| t.name == tn)?;
+                    let tr = &s.triggers[ti];
+                    let pos = tr.deps.iter().position(|&d| s.deps[d].name == dn)?;
+                    let at_ms = u64::from_be_bytes(v[..8].try_into().ok()?);
+                    let event = sluice_core::format::decode_event(&bytes::Bytes::copy_from_slice(&v[8..])).ok()?;
+                    let floor = last_reset_ms(tr).max(tr.ttl.map_or(0, |ttl| now.saturating_sub(ttl.as_millis() as u64)));
+                    (at_ms >= floor).then_some((ti, key.to_owned(), pos, Stored { event, at_ms }))
+                })
+                .flatten();
+            match found {
+                Some((ti, key, pos, st)) => {
+                    let n = s.triggers[ti].deps.len();
+                    let slot = self.slots[ti].entry(key).or_default();
+                    slot.events.resize(n, None);
+                    slot.touched_ms = slot.touched_ms.max(st.at_ms);
+                    slot.events[pos] = Some(st);
+                }
+                None => stale.push(k),
+            }
+        }
+        if !stale.is_empty() {
+            tracing::info!(sensor = %s.name, entries = stale.len(), "sensor: dropped saved partial matches that are stale or belong to a changed spec");
+        }
+        self.write(&[], &stale)?;
+        for ti in 0..s.triggers.len() {
+            self.recount(ti);
+        }
+        Ok(())
+    }
+
+    fn clear(&mut self, s: &Sensor, ti: usize, reason: &'static str) -> Result<(), String> {
+        let slots = std::mem::take(&mut self.slots[ti]);
+        let keys: Vec<Vec<u8>> = slots.iter().flat_map(|(k, slot)| Self::slot_keys(s, ti, k, slot)).collect();
+        if !slots.is_empty() {
+            counter!(t::SENSOR_STATE_EVICTIONS, "sensor" => s.name.clone(), "trigger" => s.triggers[ti].name.clone(), "reason" => reason).increment(slots.len() as u64);
+        }
+        self.recount(ti);
+        self.write(&[], &keys)
+    }
+
+    fn expire(&mut self, s: &Sensor, now: u64) -> Result<(), String> {
+        for ti in 0..s.triggers.len() {
+            let Some(ttl) = s.triggers[ti].ttl else { continue };
+            let floor = now.saturating_sub(ttl.as_millis() as u64);
+            let old: Vec<String> = self.slots[ti]
+                .iter()
+                .filter(|(_, sl)| sl.touched_ms < floor)
+                .map(|(k, _)| k.clone())
+                .collect();
+            self.evict(s, ti, &old, "ttl")?;
+        }
+        Ok(())
+    }
+
+    fn evict(&mut self, s: &Sensor, ti: usize, keys: &[String], reason: &'static str) -> Result<(), String> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut dels = Vec::new();
+        for k in keys {
+            if let Some(slot) = self.slots[ti].remove(k) {
+                dels.extend(Self::slot_keys(s, ti, k, &slot));
+            }
+        }
+        counter!(t::SENSOR_STATE_EVICTIONS, "sensor" => s.name.clone(), "trigger" => s.triggers[ti].name.clone(), "reason" => reason).increment(keys.len() as u64);
+        self.recount(ti);
+        self.write(&[], &dels)
+    }
+
+    /// Puts back what a failed at-least-once run had taken, where nothing newer arrived.
+    fn restore(&mut self, s: &Sensor, ti: usize, key: String, taken: Slot) {
+        let tr = &s.triggers[ti];
+        let slot = self.slots[ti].entry(key.clone()).or_default();
+        slot.events.resize(tr.deps.len(), None);
+        let mut puts = Vec::new();
+        for (pos, st) in taken.events.into_iter().enumerate() {
+            if let (None, Some(st)) = (&slot.events[pos], st) {
+                puts.push((state_key(&tr.name, &key, &s.deps[tr.deps[pos]].name), Self::encode(&st)));
+                slot.events[pos] = Some(st);
+            }
+        }
+        slot.touched_ms = slot.touched_ms.max(taken.touched_ms);
+        self.recount(ti);
+        if let Err(e) = self.write(&puts, &[]) {
+            tracing::error!(sensor = %s.name, trigger = %tr.name, error = %e, "sensor: cannot save the restored partial match");
+        }
+    }
+}
+
+/// The most recent reset tick of a trigger, in ms (0 without resets).
+fn last_reset_ms(tr: &Trigger) -> u64 {
+    tr.resets
+        .iter()
+        .filter_map(|(cron, tz)| {
+            let now = Utc::now().with_timezone(tz);
+            cron.find_previous_occurrence(&now, true).ok()
+        })
+        .map(|t| t.timestamp_millis().max(0) as u64)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The next reset tick of any trigger: (when, trigger).
+fn next_reset(s: &Sensor) -> Option<(chrono::DateTime<Utc>, usize)> {
+    s.triggers
+        .iter()
+        .enumerate()
+        .flat_map(|(ti, tr)| {
+            tr.resets.iter().filter_map(move |(cron, tz)| {
+                let now = Utc::now().with_timezone(tz);
+                cron.find_next_occurrence(&now, false)
+                    .ok()
+                    .map(|t| (t.with_timezone(&Utc), ti))
+            })
+        })
+        .min_by_key(|(t, _)| *t)
+}
+
+/// A trigger whose condition holds: its events, and what to put back if an at-least-once
+/// run fails.
+struct Firing {
+    trigger: usize,
+    events: Vec<(usize, Event)>,
+    taken: Option<(String, Slot)>,
+}
+
+impl Sensor {
+    /// Applies one matched event to every trigger that names one of `matched`.
+    fn apply(&self, state: &mut State, e: &Event, matched: &[usize]) -> Result<Vec<Firing>, String> {
+        let mut firings = Vec::new();
+        let mut tis: Vec<usize> = matched.iter().flat_map(|&d| self.dep_triggers[d].iter().copied()).collect();
+        tis.sort_unstable();
+        tis.dedup();
+        let now = now_ms();
+        for ti in tis {
+            let tr = &self.triggers[ti];
+            let mine: Vec<usize> = tr.deps.iter().copied().filter(|d| matched.contains(d)).collect();
+            if tr.pure_or {
+                firings.push(Firing {
+                    trigger: ti,
+                    events: mine.iter().map(|&d| (d, e.clone())).collect(),
+                    taken: None,
+                });
+                continue;
+            }
+            let key = match &tr.correlate {
+                None => String::new(),
+                Some(path) => {
+                    let data = e.data.as_bytes().and_then(|b| std::str::from_utf8(b).ok()).unwrap_or("");
+                    let v = gjson::get(data, path);
+                    if !v.exists() {
+                        tracing::debug!(sensor = %self.name, trigger = %tr.name, id = %e.id, path = %path, "sensor: no correlation key in the event; not kept for this trigger");
+                        continue;
+                    }
+                    v.str().to_owned()
+                }
+            };
+            let slot = state.slots[ti].entry(key.clone()).or_default();
+            slot.events.resize(tr.deps.len(), None);
+            slot.touched_ms = now;
+            let mut puts = Vec::new();
+            for d in &mine {
+                let pos = tr.deps.iter().position(|x| x == d).unwrap_or(0);
+                let st = Stored { event: e.clone(), at_ms: now };
+                puts.push((state_key(&tr.name, &key, &self.deps[*d].name), State::encode(&st)));
+                slot.events[pos] = Some(st);
+            }
+            let holds = tr.cond.eval(&|d| {
+                tr.deps.iter().position(|x| *x == d).is_some_and(|pos| slot.events[pos].is_some())
+            });
+            if holds {
+                let taken = state.slots[ti].remove(&key).unwrap_or_default();
+                let dels = State::slot_keys(self, ti, &key, &taken);
+                let events = taken
+                    .events
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(pos, st)| st.as_ref().map(|st| (tr.deps[pos], st.event.clone())))
+                    .collect();
+                // Only what was kept before this event needs deleting from the store.
+                let dels: Vec<Vec<u8>> = dels.into_iter().filter(|k| !puts.iter().any(|(p, _)| p == k)).collect();
+                state.write(&[], &dels)?;
+                firings.push(Firing { trigger: ti, events, taken: Some((key, taken)) });
+            } else {
+                state.write(&puts, &[])?;
+                if state.slots[ti].len() > tr.max_keys {
+                    let oldest = state.slots[ti]
+                        .iter()
+                        .min_by_key(|(_, s)| s.touched_ms)
+                        .map(|(k, _)| k.clone());
+                    if let Some(k) = oldest {
+                        state.evict(self, ti, &[k], "capacity")?;
+                    }
+                }
+            }
+            state.recount(ti);
+        }
+        Ok(firings)
+    }
+}
+
+/// A leaky bucket: one run per `interval`, waiting (bounded by the window) when ahead.
+struct Limiter {
+    interval: Duration,
+    next: Mutex<tokio::time::Instant>,
+    waited: Counter,
+}
+
+impl Limiter {
+    async fn wait(&self) {
+        let now = tokio::time::Instant::now();
+        let at = {
+            let mut n = self.next.lock().unwrap_or_else(|p| p.into_inner());
+            let at = (*n).max(now);
+            *n = at + self.interval;
+            at
+        };
+        if at > now {
+            self.waited.increment(1);
+            tokio::time::sleep_until(at).await;
+        }
+    }
+}
+
+struct Run {
+    sensor: Arc<Sensor>,
+    state: Arc<Mutex<State>>,
+    sender: SourceSender,
+    targets: Vec<(Target, Option<Target>)>,
+    limiters: Vec<Option<Arc<Limiter>>>,
+    grace_over: tokio_util::sync::CancellationToken,
+}
+
+fn rand01() -> f64 {
+    // Jitter only: the low bits of the clock are random enough.
+    (Utc::now().timestamp_subsec_nanos() % 1_000_000) as f64 / 1_000_000.0
+}
+
+impl Run {
+    /// Runs one firing to its end: rate limit, attempts with backoff, dead letter.
+    fn fire(&self, f: Firing, outs: Vec<Event>) -> impl std::future::Future<Output = Outcome> + Send + 'static {
+        let sensor = self.sensor.clone();
+        let state = self.state.clone();
+        let sender = self.sender.clone();
+        let (target, dlq) = self.targets[f.trigger];
+        let limiter = self.limiters[f.trigger].clone();
+        let grace_over = self.grace_over.clone();
+        async move {
+            let tr = &sensor.triggers[f.trigger];
+            let label = |r: &'static str| counter!(t::SENSOR_TRIGGERS, "sensor" => sensor.name.clone(), "trigger" => tr.name.clone(), "result" => r);
+            let ids: Vec<&str> = f.events.iter().map(|(_, e)| e.id.as_str()).collect();
+            if let Some(l) = &limiter {
+                l.wait().await;
+            }
+            let mut attempt = 0;
+            let outcome = loop {
+                let outcome = sender.send_to(target, outs.clone()).await.await;
+                if outcome.status == Status::Delivered || outcome.status == Status::Rejected {
+                    break outcome;
+                }
+                attempt += 1;
+                if attempt >= tr.retry.attempts || grace_over.is_cancelled() {
+                    break outcome;
+                }
+                counter!(t::SENSOR_TRIGGER_RETRIES, "sensor" => sensor.name.clone(), "trigger" => tr.name.clone()).increment(1);
+                let delay = tr.retry.delay(attempt - 1, rand01());
+                tracing::debug!(sensor = %sensor.name, trigger = %tr.name, attempt, ?delay, reason = ?outcome.reason, "trigger failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = grace_over.cancelled() => break outcome,
+                }
+            };
+            if outcome.is_delivered() {
+                label("fired").increment(1);
+                tracing::info!(sensor = %sensor.name, trigger = %tr.name, events = ?ids, attempts = attempt + 1, "trigger fired");
+                return outcome;
+            }
+            let reason = outcome.reason.clone().unwrap_or_else(|| "failed".into());
+            if let Some(dlq) = dlq {
+                let dead: Vec<Event> = outs
+                    .into_iter()
+                    .map(|mut e| {
+                        e.set_extension(DEAD_LETTER_SINK, tr.sink.clone());
+                        e.set_extension(DEAD_LETTER_REASON, reason.clone());
+                        e
+                    })
+                    .collect();
+                let dl = sender.send_to(dlq, dead).await.await;
+                if dl.is_delivered() {
+                    label("dead_lettered").increment(1);
+                    tracing::warn!(sensor = %sensor.name, trigger = %tr.name, events = ?ids, %reason, "trigger failed; sent to its dlqTrigger");
+                    return dl;
+                }
+            }
+            label("failed").increment(1);
+            tracing::error!(sensor = %sensor.name, trigger = %tr.name, events = ?ids, %reason, at_least_once = tr.at_least_once, "trigger failed");
+            if tr.at_least_once {
+                if let Some((key, taken)) = f.taken {
+                    state.lock().unwrap_or_else(|p| p.into_inner()).restore(&sensor, f.trigger, key, taken);
+                }
+            }
+            outcome
+        }
+    }
+
+    /// Handles one input: match, keep, fire, and settle it.
+    fn input(&self, root: &cel::Context<'_, '_>, item: SinkItem, window: &mut SinkWindow<futures_util::future::BoxFuture<'static, ()>>) {
+        let SinkItem { event, mut delivery } = item;
+        delivery.release_memory();
+        let matched = self.sensor.matches(root, delivery.origin(), &event);
+        if matched.is_empty() {
+            return delivery.delivered();
+        }
+        let firings = {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            self.sensor.apply(&mut st, &event, &matched)
+        };
+        let firings = match firings {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!(sensor = %self.sensor.name, id = %event.id, error = %e, "sensor: cannot save the partial match; the event fails upstream");
+                return delivery.failed(format!("sensor {}: state store: {e}", self.sensor.name));
+            }
+        };
+        let mut waits = Vec::new();
+        for f in firings {
+            let tr = &self.sensor.triggers[f.trigger];
+            let outs = match self.sensor.outputs(f.trigger, &f.events) {
+                Ok(o) => o,
+                Err(e) => {
+                    counter!(t::SENSOR_TRIGGERS, "sensor" => self.sensor.name.clone(), "trigger" => tr.name.clone(), "result" => "failed").increment(1);
+                    tracing::error!(sensor = %self.sensor.name, trigger = %tr.name, id = %event.id, error = %e, "trigger cannot build its output");
+                    if tr.at_least_once {
+                        waits.push(futures_util::future::ready(Outcome {
+                            status: Status::Rejected,
+                            reason: Some(format!("sensor {} trigger {}: {e}", self.sensor.name, tr.name)),
+                            events: 1,
+                            duplicates: 0,
+                        }).boxed());
+                    }
+                    continue;
+                }
+            };
+            let at_least_once = tr.at_least_once;
+            let run = self.fire(f, outs);
+            if at_least_once {
+                waits.push(run.boxed());
+            } else {
+                window.push(run.map(drop).boxed());
+            }
+        }
+        if waits.is_empty() {
+            return delivery.delivered();
+        }
+        window.push(
+            async move {
+                let outcomes = join_all(waits).await;
+                let worst = outcomes.into_iter().max_by_key(|o| o.status);
+                match worst {
+                    Some(o) => delivery.settle_with(&o),
+                    None => delivery.delivered(),
+                }
+            }
+            .boxed(),
+        );
+    }
+}
+
+pub(crate) fn start(
+    sensor: Sensor,
+    concurrency: usize,
+    ctx: ProcessorContext,
+) -> Result<impl std::future::Future<Output = Result<(), ConnectorError>> + Send, ConnectorError> {
+    let mut targets = Vec::new();
+    for tr in &sensor.triggers {
+        let find = |sink: &str| {
+            ctx.sender.target(sink).ok_or_else(|| {
+                ConnectorError::new(format!(
+                    "sensor {}: trigger {}: sink `{sink}` is not wired to this sensor",
+                    sensor.name, tr.name
+                ))
+            })
+        };
+        targets.push((find(&tr.sink)?, tr.dlq.as_deref().map(find).transpose()?));
+    }
+    let limiters = sensor
+        .triggers
+        .iter()
+        .map(|tr| {
+            tr.rate.map(|interval| {
+                Arc::new(Limiter {
+                    interval,
+                    next: Mutex::new(tokio::time::Instant::now()),
+                    waited: counter!(t::SENSOR_RATE_LIMITED, "sensor" => sensor.name.clone(), "trigger" => tr.name.clone()),
+                })
+            })
+        })
+        .collect();
+    let mut state = State::new(&sensor, ctx.state.clone());
+    state
+        .load(&sensor)
+        .map_err(|e| ConnectorError::new(format!("sensor {}: cannot load its saved state: {e}", sensor.name)))?;
+    if ctx.state.is_none() && sensor.triggers.iter().any(|t| !t.pure_or) {
+        tracing::info!(sensor = %sensor.name, "sensor: no state_dir; partial matches are kept in memory only and lost on restart");
+    }
+    let run = Run {
+        sensor: Arc::new(sensor),
+        state: Arc::new(Mutex::new(state)),
+        sender: ctx.sender.clone(),
+        targets,
+        limiters,
+        grace_over: ctx.grace_over.clone(),
+    };
+    Ok(run_loop(run, concurrency, ctx))
+}
+
+async fn run_loop(run: Run, concurrency: usize, mut ctx: ProcessorContext) -> Result<(), ConnectorError> {
+    let root = expr::root_context();
+    let mut window: SinkWindow<futures_util::future::BoxFuture<'static, ()>> = SinkWindow::new(concurrency);
+    let mut batch: Vec<SinkItem> = Vec::with_capacity(BATCH);
+    let any_ttl = run.sensor.triggers.iter().any(|t| t.ttl.is_some());
+    loop {
+        let next = next_reset(&run.sensor);
+        let wake = {
+            let mut at = next.map(|(t, _)| (t - Utc::now()).to_std().unwrap_or_default());
+            if any_ttl {
+                at = Some(at.map_or(Duration::from_secs(1), |a| a.min(Duration::from_secs(1))));
+            }
+            at.map(|d| tokio::time::Instant::now() + d)
+        };
+        let input = &mut ctx.input;
+        let step = tokio::select! {
+            s = window.step(&ctx.grace_over, true, |room| input.recv_many(&mut batch, room.min(BATCH))) => Some(s),
+            _ = async { match wake { Some(w) => tokio::time::sleep_until(w).await, None => std::future::pending().await } } => None,
+        };
+        let Some(step) = step else {
+            let mut st = run.state.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((at, ti)) = next {
+                if at <= Utc::now() {
+                    tracing::info!(sensor = %run.sensor.name, trigger = %run.sensor.triggers[ti].name, "sensor: conditionsReset: partial state cleared");
+                    if let Err(e) = st.clear(&run.sensor, ti, "reset") {
+                        tracing::error!(sensor = %run.sensor.name, error = %e, "sensor: cannot clear the saved state");
+                    }
+                }
+            }
+            if any_ttl {
+                if let Err(e) = st.expire(&run.sensor, now_ms()) {
+                    tracing::error!(sensor = %run.sensor.name, error = %e, "sensor: cannot expire the saved state");
+                }
+            }
+            continue;
+        };
+        match step {
+            Step::GraceOver => break,
+            Step::Settled | Step::Idle => {}
+            Step::Input(0) => {
+                window.drain_until(&ctx.grace_over).await;
+                break;
+            }
+            Step::Input(_) => {
+                for item in batch.drain(..) {
+                    run.input(&root, item, &mut window);
+                }
+            }
+        }
+    }
+    tracing::debug!(sensor = %run.sensor.name, "sensor: stopped");
+    Ok(())
+}
+
+/// The per-event work without the pipeline (criterion benchmark).
+pub struct Bench {
+    sensor: Sensor,
+    state: State,
+    root: cel::Context<'static, 'static>,
+}
+
+impl Bench {
+    /// A sensor from its config as JSON.
+    pub fn new(cfg: serde_json::Value) -> Bench {
+        let cfg: SensorConfig = serde_json::from_value(cfg).expect("bench: sensor config");
+        let sensor = Sensor::compile(&cfg, "bench").expect("bench: sensor compiles");
+        let state = State::new(&sensor, None);
+        Bench { sensor, state, root: expr::root_context() }
+    }
+
+    /// Matches, keeps and fires for one event from `origin`; returns the outputs built.
+    pub fn event(&mut self, origin: &str, e: &Event) -> usize {
+        let matched = self.sensor.matches(&self.root, origin, e);
+        if matched.is_empty() {
+            return 0;
+        }
+        let firings = self.sensor.apply(&mut self.state, e, &matched).unwrap_or_default();
+        firings
+            .iter()
+            .map(|f| self.sensor.outputs(f.trigger, &f.events).map_or(0, |o| o.len()))
+            .sum()
+    }
+}
