@@ -153,6 +153,7 @@ impl P {
         let mut lhs = self.unary()?;
         loop {
             let op = match self.peek() {
+                Some(Tok::Op(":")) => break,
                 Some(Tok::Op(op)) => *op,
                 Some(Tok::Ident(w)) if w == "in" => "in",
                 _ => break,
@@ -202,6 +203,8 @@ impl P {
             lhs = match op {
                 "=~" => format!("({lhs}).matches({rhs})"),
                 "!~" => format!("!(({lhs}).matches({rhs}))"),
+                // CEL has no remainder of doubles: whole numbers, as govaluate's fmod gives.
+                "%" => format!("double(int({lhs}) % int({rhs}))"),
                 _ => format!("({lhs} {op} {rhs})"),
             };
         }

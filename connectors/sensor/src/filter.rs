@@ -163,8 +163,11 @@ fn parse_bool(s: &str) -> Option<bool> {
 }
 
 fn parse_time(what: &str, s: &str) -> Result<NaiveTime, String> {
-    NaiveTime::parse_from_str(s, "%H:%M:%S")
-        .map_err(|_| format!("{what}: {s:?} is not a time of day (hh:mm:ss)"))
+    let strict = s.len() == 8 && s.as_bytes()[2] == b':' && s.as_bytes()[5] == b':';
+    strict
+        .then(|| NaiveTime::parse_from_str(s, "%H:%M:%S").ok())
+        .flatten()
+        .ok_or_else(|| format!("{what}: {s:?} is not a time of day (hh:mm:ss)"))
 }
 
 impl Filters {

@@ -150,10 +150,11 @@ impl Param {
         };
         // Argo: any data field shadows the context fields; a template comes first and, when it
         // fails or renders nothing, the key; then `value`.
-        let (tmpl, key, input, what) = if self.data_template.is_some() || self.data_key.is_some() {
-            (&self.data_template, &self.data_key, data_json(e), "data")
+        let data_side = self.data_template.is_some() || self.data_key.is_some();
+        let (tmpl, key, what) = if data_side {
+            (&self.data_template, &self.data_key, "data")
         } else if self.context_template.is_some() || self.context_key.is_some() {
-            (&self.context_template, &self.context_key, context_json(e), "context")
+            (&self.context_template, &self.context_key, "context")
         } else if self.value.is_some() {
             return fallback(String::new());
         } else {
@@ -164,9 +165,10 @@ impl Param {
                 Value::String(whole.to_string())
             }));
         };
+        let input = || if data_side { data_json(e) } else { context_json(e) };
         let mut why = String::new();
         if let Some(t) = tmpl {
-            match t.render_input(&input) {
+            match t.render_input(&input()) {
                 Ok(out) if !out.is_empty() && out != "<no value>" => {
                     return Ok(Resolved::Value(self.text_value(out)))
                 }
@@ -175,8 +177,16 @@ impl Param {
             }
         }
         if let Some(key) = key {
-            let text = input.to_string();
-            let r = gjson::get(&text, key);
+            // The data as it came (raw values keep their text); the context as JSON.
+            let own;
+            let text = match e.data.as_bytes().map(|b| std::str::from_utf8(b)) {
+                Some(Ok(t)) if data_side && gjson::valid(t) => t,
+                _ => {
+                    own = input().to_string();
+                    &own
+                }
+            };
+            let r = gjson::get(text, key);
             if r.exists() {
                 return Ok(Resolved::Value(self.gjson_value(&r)));
             }
@@ -201,6 +211,7 @@ impl Param {
         match r.kind() {
             gjson::Kind::String => Value::String(r.str().to_owned()),
             _ if self.raw => serde_json::from_str(r.json()).unwrap_or(Value::Null),
+            // Argo inserts the value's own text (its spacing kept) as a string.
             _ => Value::String(r.json().to_owned()),
         }
     }

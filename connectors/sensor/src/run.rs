@@ -251,6 +251,11 @@ impl Sensor {
         out
     }
 
+    #[cfg(test)]
+    pub(crate) fn outputs_for_test(&self, ti: usize, have: &[(usize, Event)]) -> Result<Vec<Event>, String> {
+        self.outputs(ti, have)
+    }
+
     /// The events the trigger sends for the events `have` (one per satisfied dependency).
     fn outputs(&self, ti: usize, have: &[(usize, Event)]) -> Result<Vec<Event>, String> {
         let tr = &self.triggers[ti];
