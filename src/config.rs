@@ -921,8 +921,11 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     let user_routes = routes.len();
     // For each implied route and addressed pair, the processor that implies it.
     let mut implied_by = Vec::new();
+    // Processors that name their inputs: a bad name there is already an error.
+    let mut names_inputs = vec![false; processors.len()];
     for (p, proc_) in processors.iter().enumerate() {
         let wiring = proc_.config.wiring();
+        names_inputs[p] = !wiring.inputs.is_empty();
         let base = &processor_paths[p];
         let shown = base.join(".");
         let stage_names: Vec<&str> = sources
@@ -981,9 +984,10 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     // A processor nothing routes to would never see its input end (it holds a sender into the
     // pipeline itself), so every stop would wait out the whole grace: refuse it.
     for (p, proc_) in processors.iter().enumerate() {
-        let fed = routes
-            .iter()
-            .any(|r| r.to.iter().any(|&t| t == sinks.len() + p));
+        let fed = names_inputs[p]
+            || routes
+                .iter()
+                .any(|r| r.to.iter().any(|&t| t == sinks.len() + p));
         if !fed {
             cx.err(
                 &processor_paths[p],
@@ -1201,6 +1205,59 @@ mod tests {
             Ok(_) => vec![],
             Err(e) => e.0.iter().map(ToString::to_string).collect(),
         }
+    }
+
+    #[test]
+    fn sensors_imply_their_routes_and_targets() {
+        let text = "\
+sources:
+  gh: { kind: webhook, listen: 127.0.0.1:0 }
+  cron: { kind: webhook, listen: 127.0.0.1:0, path: /cron }
+sensors:
+  release:
+    dependencies:
+      - { name: push, source: gh }
+      - { name: nightly, source: cron }
+    triggers:
+      - { name: submit, sink: api, dlqTrigger: parked }
+sinks:
+  api: { kind: log }
+  parked: { kind: log }
+";
+        let c = parse("t.yaml", text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.processors.len(), 1);
+        assert_eq!(c.processors[0].kind, "sensor");
+        // Routes: gh → release, cron → release (queue index = sinks, then processors).
+        let routes: Vec<(Vec<usize>, Vec<usize>)> =
+            c.routes.iter().map(|r| (r.from.clone(), r.to.clone())).collect();
+        assert_eq!(routes, vec![(vec![0], vec![2]), (vec![1], vec![2])]);
+        // Addressed: the sensor (stage 2) → api (0) and parked (1).
+        assert_eq!(c.addressed, vec![(2, 0), (2, 1)]);
+    }
+
+    #[test]
+    fn sensor_errors_have_the_position_of_the_name() {
+        let e = errors(
+            "\
+sources:
+  gh: { kind: webhook, listen: 127.0.0.1:0 }
+sensors:
+  release:
+    dependencies:
+      - { name: push, source: ghh }
+    triggers:
+      - { name: submit, sink: apii, conditions: \"push && x\" }
+sinks:
+  api: { kind: log }
+",
+        )
+        .join("\n");
+        assert!(e.contains("t.yaml:6:31: sensors.release.dependencies.0.source: no source or processor named `ghh` (did you mean `gh`?)"), "{e}");
+        assert!(e.contains("t.yaml:8:31: sensors.release.triggers.0.sink: no sink or processor named `apii` (did you mean `api`?)"), "{e}");
+        assert!(e.contains("t.yaml:4:3: sensors.release: triggers.0.conditions: `x` is not a dependency"), "{e}");
+        assert!(!e.contains("no route sends events"), "{e}");
+        let e = errors("sensors:\n  s: { kind: set, dependencies: [], triggers: [] }\n").join("\n");
+        assert!(e.contains("sensors.s.kind: a sensor's kind is `sensor`"), "{e}");
     }
 
     #[test]

@@ -1740,3 +1740,135 @@ async fn s3_upload_of_a_csv_triggers_the_http_sink_and_a_log_upload_does_not() {
     );
     assert!(d.stop().success());
 }
+
+/// A local trigger target: answers each path with the statuses given in turn (the last one
+/// repeated) and records `(path, body)` of every request.
+async fn scripted_target(
+    script: Vec<(&'static str, Vec<u16>)>,
+) -> (u16, tokio::sync::mpsc::UnboundedReceiver<(String, Value)>) {
+    let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = target.local_addr().unwrap().port();
+    let (tx, got) = tokio::sync::mpsc::unbounded_channel::<(String, Value)>();
+    let counts = Arc::new(Mutex::new(std::collections::HashMap::<String, usize>::new()));
+    let script = Arc::new(script);
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = target.accept().await else {
+                return;
+            };
+            let (tx, counts, script) = (tx.clone(), counts.clone(), script.clone());
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let (tx, counts, script) = (tx.clone(), counts.clone(), script.clone());
+                async move {
+                    let path = req.uri().path().to_owned();
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    let n = {
+                        let mut c = counts.lock().unwrap();
+                        let n = c.entry(path.clone()).or_default();
+                        *n += 1;
+                        *n
+                    };
+                    let statuses = script.iter().find(|(p, _)| *p == path).map(|(_, s)| s.clone()).unwrap_or(vec![404]);
+                    let status = statuses[(n - 1).min(statuses.len() - 1)];
+                    let _ = tx.send((path, serde_json::from_slice(&body).unwrap_or(Value::Null)));
+                    let mut resp = http::Response::new(Full::new(Bytes::new()));
+                    *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    (port, got)
+}
+
+#[tokio::test]
+async fn sensor_fires_on_both_dependencies_across_a_restart_retries_and_dead_letters() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (port, mut got) = scripted_target(vec![("/release", vec![500, 500, 200]), ("/broken", vec![500])]).await;
+    let body = r#"state_dir: @STATE@
+sources:
+  gh: { kind: webhook, listen: @HOOK@, path: /push }
+  nightly: { kind: webhook, listen: @HOOK@, path: /nightly }
+sensors:
+  release:
+    dependencies:
+      - name: push
+        source: gh
+        filters:
+          data: [{ path: ref, type: string, value: ['refs/heads/main'] }]
+      - { name: nightly, source: nightly }
+    triggers:
+      - name: submit
+        conditions: push && nightly
+        sink: release-api
+        atLeastOnce: true
+        retryStrategy: { steps: 3, duration: 50ms, jitter: 0 }
+        payload:
+          - { src: { dependencyName: push, dataKey: after }, dest: commit }
+          - { src: { dependencyName: push, dataTemplate: '{{ .Input.ref | trimPrefix "refs/heads/" }}' }, dest: branch }
+      - name: notify
+        conditions: nightly
+        sink: broken
+        atLeastOnce: true
+        retryStrategy: { steps: 2, duration: 20ms, jitter: 0 }
+        dlqTrigger: parked
+sinks:
+  release-api: { kind: http, url: 'http://127.0.0.1:@PORT@/release', retry: { max_attempts: 1 } }
+  broken: { kind: http, url: 'http://127.0.0.1:@PORT@/broken', retry: { max_attempts: 1 } }
+  parked: { kind: log }
+"#
+    .replace("@STATE@", &state.display().to_string())
+    .replace("@PORT@", &port.to_string());
+    let post = |d: &Daemon, path: &'static str, key: &'static str, json: &'static str| {
+        let hook = d.hook;
+        async move {
+            request(hook, "POST", path, &[("content-type", "application/json"), ("idempotency-key", key)], json.as_bytes())
+                .await
+                .unwrap()
+        }
+    };
+    let mut d = Daemon::start_with(dir.path(), &body);
+    d.wait_ready().await;
+    // One dependency (and a push to another branch, filtered): answered, nothing fired.
+    assert_eq!(post(&d, "/push", "p1", r#"{"ref":"refs/heads/main","after":"abc123"}"#).await.0, StatusCode::OK);
+    assert_eq!(post(&d, "/push", "p2", r#"{"ref":"refs/heads/dev","after":"fff"}"#).await.0, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(got.try_recv().is_err(), "a trigger fired on one dependency");
+    // A restart keeps the partial match (state_dir).
+    assert!(d.stop().success());
+    let mut d = Daemon::start_with(dir.path(), &body);
+    d.wait_ready().await;
+    // The nightly event completes `submit` (500, 500, then 200 on the third step) and fires
+    // `notify`, whose target always answers 500: it goes to the dlqTrigger. The webhook
+    // answers once both runs finished (atLeastOnce).
+    let (status, answer) = post(&d, "/nightly", "n1", r#"{"ok":true}"#).await;
+    assert_eq!(status, StatusCode::OK, "{answer:?}");
+    let mut release = Vec::new();
+    let mut broken = 0;
+    while let Ok((path, body)) = got.try_recv() {
+        match path.as_str() {
+            "/release" => release.push(body),
+            _ => broken += 1,
+        }
+    }
+    assert_eq!(release.len(), 3, "three attempts: {release:?}");
+    for b in &release {
+        assert_eq!(b, &serde_json::json!({"commit": "abc123", "branch": "main"}));
+    }
+    assert_eq!(broken, 2, "notify: two steps, then the dead letter");
+    let parked = d.next_line();
+    assert_eq!(parked["deadlettersink"], "broken");
+    assert_eq!(parked["type"], "webhook", "notify forwards the nightly event itself");
+    let metrics = get(d.admin, "/metrics").await.unwrap();
+    let text = String::from_utf8_lossy(&metrics.1);
+    assert_eq!(metric(&text, "sluice_sensor_triggers_total{sensor=\"release\",trigger=\"submit\",result=\"fired\"}"), 1.0, "{text}");
+    assert_eq!(metric(&text, "sluice_sensor_triggers_total{sensor=\"release\",trigger=\"notify\",result=\"dead_lettered\"}"), 1.0);
+    // Fired: the state is clear, another nightly alone fires only `notify`.
+    assert!(d.stop().success());
+}
