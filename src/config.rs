@@ -938,31 +938,32 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             .map(|s| s.name.as_str())
             .chain(processors.iter().map(|p| p.name.as_str()))
             .collect();
-        let mut find = |named: &sluice_core::NamedStage, names: &[&str], section: &str, what: &str| {
-            let found = names.iter().position(|n| *n == named.name);
-            let declared_elsewhere = declared
-                .get(section)
-                .is_some_and(|d| d.contains(&named.name))
-                || declared
-                    .get("processors")
-                    .is_some_and(|d| d.contains(&named.name));
-            if found.is_none() && !declared_elsewhere {
-                let hint = suggest(&named.name, names.iter().copied())
-                    .map(|s| format!(" (did you mean `{s}`?)"))
-                    .unwrap_or_default();
-                let path = [base.clone(), named.path.clone()].concat();
-                cx.err(
-                    &path,
-                    false,
-                    format!(
-                        "{shown}.{}: no {what} named `{}`{hint}",
-                        named.path.join("."),
-                        named.name
-                    ),
-                );
-            }
-            found
-        };
+        let mut find =
+            |named: &sluice_core::NamedStage, names: &[&str], section: &str, what: &str| {
+                let found = names.iter().position(|n| *n == named.name);
+                let declared_elsewhere = declared
+                    .get(section)
+                    .is_some_and(|d| d.contains(&named.name))
+                    || declared
+                        .get("processors")
+                        .is_some_and(|d| d.contains(&named.name));
+                if found.is_none() && !declared_elsewhere {
+                    let hint = suggest(&named.name, names.iter().copied())
+                        .map(|s| format!(" (did you mean `{s}`?)"))
+                        .unwrap_or_default();
+                    let path = [base.clone(), named.path.clone()].concat();
+                    cx.err(
+                        &path,
+                        false,
+                        format!(
+                            "{shown}.{}: no {what} named `{}`{hint}",
+                            named.path.join("."),
+                            named.name
+                        ),
+                    );
+                }
+                found
+            };
         for input in &wiring.inputs {
             if let Some(from) = find(input, &stage_names, "sources", "source or processor") {
                 routes.push(RouteSpec {
@@ -994,7 +995,8 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                 true,
                 format!(
                     "{}: no route sends events to it; add a route with `to: [{}]` or remove it",
-                    processor_paths[p].join("."), proc_.name
+                    processor_paths[p].join("."),
+                    proc_.name
                 ),
             );
         }
@@ -1228,8 +1230,11 @@ sinks:
         assert_eq!(c.processors.len(), 1);
         assert_eq!(c.processors[0].kind, "sensor");
         // Routes: gh → release, cron → release (queue index = sinks, then processors).
-        let routes: Vec<(Vec<usize>, Vec<usize>)> =
-            c.routes.iter().map(|r| (r.from.clone(), r.to.clone())).collect();
+        let routes: Vec<(Vec<usize>, Vec<usize>)> = c
+            .routes
+            .iter()
+            .map(|r| (r.from.clone(), r.to.clone()))
+            .collect();
         assert_eq!(routes, vec![(vec![0], vec![2]), (vec![1], vec![2])]);
         // Addressed: the sensor (stage 2) → api (0) and parked (1).
         assert_eq!(c.addressed, vec![(2, 0), (2, 1)]);
@@ -1254,10 +1259,18 @@ sinks:
         .join("\n");
         assert!(e.contains("t.yaml:6:31: sensors.release.dependencies.0.source: no source or processor named `ghh` (did you mean `gh`?)"), "{e}");
         assert!(e.contains("t.yaml:8:31: sensors.release.triggers.0.sink: no sink or processor named `apii` (did you mean `api`?)"), "{e}");
-        assert!(e.contains("t.yaml:4:3: sensors.release: triggers.0.conditions: `x` is not a dependency"), "{e}");
+        assert!(
+            e.contains(
+                "t.yaml:4:3: sensors.release: triggers.0.conditions: `x` is not a dependency"
+            ),
+            "{e}"
+        );
         assert!(!e.contains("no route sends events"), "{e}");
         let e = errors("sensors:\n  s: { kind: set, dependencies: [], triggers: [] }\n").join("\n");
-        assert!(e.contains("sensors.s.kind: a sensor's kind is `sensor`"), "{e}");
+        assert!(
+            e.contains("sensors.s.kind: a sensor's kind is `sensor`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1768,7 +1768,11 @@ async fn scripted_target(
                         *n += 1;
                         *n
                     };
-                    let statuses = script.iter().find(|(p, _)| *p == path).map(|(_, s)| s.clone()).unwrap_or(vec![404]);
+                    let statuses = script
+                        .iter()
+                        .find(|(p, _)| *p == path)
+                        .map(|(_, s)| s.clone())
+                        .unwrap_or(vec![404]);
                     let status = statuses[(n - 1).min(statuses.len() - 1)];
                     let _ = tx.send((path, serde_json::from_slice(&body).unwrap_or(Value::Null)));
                     let mut resp = http::Response::new(Full::new(Bytes::new()));
@@ -1790,7 +1794,11 @@ async fn scripted_target(
 async fn sensor_fires_on_both_dependencies_across_a_restart_retries_and_dead_letters() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let (port, mut got) = scripted_target(vec![("/release", vec![500, 500, 200]), ("/broken", vec![500])]).await;
+    let (port, mut got) = scripted_target(vec![
+        ("/release", vec![500, 500, 200]),
+        ("/broken", vec![500]),
+    ])
+    .await;
     let body = r#"state_dir: @STATE@
 sources:
   gh: { kind: webhook, listen: @HOOK@, path: /push }
@@ -1828,16 +1836,45 @@ sinks:
     let post = |d: &Daemon, path: &'static str, key: &'static str, json: &'static str| {
         let hook = d.hook;
         async move {
-            request(hook, "POST", path, &[("content-type", "application/json"), ("idempotency-key", key)], json.as_bytes())
-                .await
-                .unwrap()
+            request(
+                hook,
+                "POST",
+                path,
+                &[
+                    ("content-type", "application/json"),
+                    ("idempotency-key", key),
+                ],
+                json.as_bytes(),
+            )
+            .await
+            .unwrap()
         }
     };
     let mut d = Daemon::start_with(dir.path(), &body);
     d.wait_ready().await;
     // One dependency (and a push to another branch, filtered): answered, nothing fired.
-    assert_eq!(post(&d, "/push", "p1", r#"{"ref":"refs/heads/main","after":"abc123"}"#).await.0, StatusCode::OK);
-    assert_eq!(post(&d, "/push", "p2", r#"{"ref":"refs/heads/dev","after":"fff"}"#).await.0, StatusCode::OK);
+    assert_eq!(
+        post(
+            &d,
+            "/push",
+            "p1",
+            r#"{"ref":"refs/heads/main","after":"abc123"}"#
+        )
+        .await
+        .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post(
+            &d,
+            "/push",
+            "p2",
+            r#"{"ref":"refs/heads/dev","after":"fff"}"#
+        )
+        .await
+        .0,
+        StatusCode::OK
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(got.try_recv().is_err(), "a trigger fired on one dependency");
     // A restart keeps the partial match (state_dir).
@@ -1859,15 +1896,28 @@ sinks:
     }
     assert_eq!(release.len(), 3, "three attempts: {release:?}");
     for b in &release {
-        assert_eq!(b, &serde_json::json!({"commit": "abc123", "branch": "main"}));
+        assert_eq!(
+            b,
+            &serde_json::json!({"commit": "abc123", "branch": "main"})
+        );
     }
     assert_eq!(broken, 2, "notify: two steps, then the dead letter");
     let parked = d.next_line();
     assert_eq!(parked["deadlettersink"], "broken");
-    assert_eq!(parked["type"], "webhook", "notify forwards the nightly event itself");
+    assert_eq!(
+        parked["type"], "webhook",
+        "notify forwards the nightly event itself"
+    );
     let metrics = get(d.admin, "/metrics").await.unwrap();
     let text = String::from_utf8_lossy(&metrics.1);
-    assert_eq!(metric(&text, "sluice_sensor_triggers_total{sensor=\"release\",trigger=\"submit\",result=\"fired\"}"), 1.0, "{text}");
+    assert_eq!(
+        metric(
+            &text,
+            "sluice_sensor_triggers_total{sensor=\"release\",trigger=\"submit\",result=\"fired\"}"
+        ),
+        1.0,
+        "{text}"
+    );
     assert_eq!(metric(&text, "sluice_sensor_triggers_total{sensor=\"release\",trigger=\"notify\",result=\"dead_lettered\"}"), 1.0);
     // Fired: the state is clear, another nightly alone fires only `notify`.
     assert!(d.stop().success());

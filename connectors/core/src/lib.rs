@@ -20,8 +20,8 @@ pub mod testkit;
 pub mod units;
 
 pub use contract::{
-    BoxFuture, ConnectorError, NamedStage, ProcessorConfig, ProcessorContext, Running, Shared, SinkConfig,
-    SinkContext, SourceConfig, SourceContext, Wiring,
+    BoxFuture, ConnectorError, NamedStage, ProcessorConfig, ProcessorContext, Running, Shared,
+    SinkConfig, SinkContext, SourceConfig, SourceContext, Wiring,
 };
 pub use event::{Data, Event, EventError, ExtValue, Timestamp};
 pub use pipeline::{

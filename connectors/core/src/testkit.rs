@@ -410,7 +410,11 @@ impl ProcessorRig {
 
     /// The (first) feed.
     pub fn sender(&self) -> &SourceSender {
-        &self.feeds.first().expect("testkit: the feeds were closed").1
+        &self
+            .feeds
+            .first()
+            .expect("testkit: the feeds were closed")
+            .1
     }
 
     /// The feed named `name`.

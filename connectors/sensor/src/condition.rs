@@ -192,7 +192,9 @@ mod tests {
     use super::*;
 
     fn deps(n: &str) -> Option<usize> {
-        ["dep01", "dep02", "dep-03", "a.b"].iter().position(|d| *d == n)
+        ["dep01", "dep02", "dep-03", "a.b"]
+            .iter()
+            .position(|d| *d == n)
     }
 
     #[test]
@@ -209,17 +211,27 @@ mod tests {
         assert!(!c.eval(&with(&[1])));
         assert!(parse("dep01 || a.b", &deps).unwrap().is_pure_or());
         let mut named = Vec::new();
-        parse("dep01 && (dep02 || dep01)", &deps).unwrap().deps(&mut named);
+        parse("dep01 && (dep02 || dep01)", &deps)
+            .unwrap()
+            .deps(&mut named);
         assert_eq!(named, vec![0, 1]);
     }
 
     #[test]
     fn errors_say_what_is_wrong() {
-        assert!(parse("dep01 && nope", &deps).unwrap_err().contains("`nope` is not a dependency"));
-        assert!(parse("(dep01 && dep02", &deps).unwrap_err().contains("missing `)`"));
+        assert!(parse("dep01 && nope", &deps)
+            .unwrap_err()
+            .contains("`nope` is not a dependency"));
+        assert!(parse("(dep01 && dep02", &deps)
+            .unwrap_err()
+            .contains("missing `)`"));
         assert!(parse("dep01 &&", &deps).unwrap_err().contains("ends where"));
-        assert!(parse("dep01 & dep02", &deps).unwrap_err().contains("unexpected `&`"));
-        assert!(parse("dep01 dep02", &deps).unwrap_err().contains("after a complete condition"));
+        assert!(parse("dep01 & dep02", &deps)
+            .unwrap_err()
+            .contains("unexpected `&`"));
+        assert!(parse("dep01 dep02", &deps)
+            .unwrap_err()
+            .contains("after a complete condition"));
         assert!(parse("  ", &deps).unwrap_err().contains("empty"));
     }
 

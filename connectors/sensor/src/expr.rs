@@ -212,7 +212,10 @@ impl P {
     }
 
     fn unary(&mut self) -> Result<String, String> {
-        let t = self.peek().cloned().ok_or("the expression ends too early")?;
+        let t = self
+            .peek()
+            .cloned()
+            .ok_or("the expression ends too early")?;
         self.at += 1;
         Ok(match t {
             Tok::Num(n) => format!("{n:?}"),
@@ -291,8 +294,8 @@ impl Expr {
         let t = translate(expr).map_err(|e| format!("{expr:?}: {e}"))?;
         // A variable without a field is an error only if the evaluation reaches it (`&&`
         // and `||` short-circuit, as govaluate's do).
-        let program = cel::Program::compile(&t)
-            .map_err(|e| format!("{expr:?}: cannot be compiled ({e})"))?;
+        let program =
+            cel::Program::compile(&t).map_err(|e| format!("{expr:?}: cannot be compiled ({e})"))?;
         Ok(Expr {
             source: expr.to_owned(),
             program,
@@ -316,10 +319,7 @@ impl Expr {
         }
         match self.program.execute(&cx) {
             Ok(cel::Value::Bool(b)) => Ok(b),
-            Ok(other) => Err(format!(
-                "{:?} gave {other:?}, not a boolean",
-                self.source
-            )),
+            Ok(other) => Err(format!("{:?} gave {other:?}, not a boolean", self.source)),
             Err(cel::ExecutionError::UndeclaredReference(name)) => Err(format!(
                 "{:?}: `{}` is not bound; add it to `fields`",
                 self.source,
@@ -374,7 +374,12 @@ mod tests {
     fn argo_example_expressions() {
         // examples/sensors/filter-with-expressions.yaml
         let data = r#"{"a":"b","a-longer-name":10,"nested":{"path":{"can-get":{"longer":false}}}}"#;
-        assert!(run(r#"a == "b" || c == 10"#, &[("a", "a"), ("c", "a-longer-name")], data).unwrap());
+        assert!(run(
+            r#"a == "b" || c == 10"#,
+            &[("a", "a"), ("c", "a-longer-name")],
+            data
+        )
+        .unwrap());
         assert!(run("e == false", &[("e", "nested.path.can-get.longer")], data).unwrap());
         assert!(!run("c > 10", &[("c", "a-longer-name")], data).unwrap());
         assert!(run("c >= 10 && c < 10.5", &[("c", "a-longer-name")], data).unwrap());

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use sluice_core::Event;
 
 use crate::expr::Expr;
+use crate::script::Script;
 use crate::tmpl::Tmpl;
 
 /// `and` or `or`, lower case (Argo refuses other spellings too).
@@ -107,6 +108,9 @@ pub struct FiltersConfig {
     pub context: Option<ContextFilterConfig>,
     #[serde(default)]
     pub time: Option<TimeFilterConfig>,
+    /// Lua (5.1): the global `event` is the data; passes when the script returns `true`.
+    #[serde(default)]
+    pub script: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,8 +125,8 @@ enum Cmp {
 
 #[derive(Debug)]
 enum Values {
-    Bool(Vec<Option<bool>>),
-    Number(Vec<Option<f64>>),
+    Bool(Vec<bool>),
+    Number(Vec<f64>),
     String(Vec<Regex>),
 }
 
@@ -150,6 +154,7 @@ pub struct Filters {
     expr_logic: Logic,
     context: Option<ContextFilterConfig>,
     time: Option<TimeFilter>,
+    script: Option<Script>,
     logic: Logic,
 }
 
@@ -196,13 +201,13 @@ impl Filters {
                 JsonType::Bool => Values::Bool(
                     f.value
                         .iter()
-                        .map(|v| parse_bool(v).map(Some).ok_or_else(|| bad(v, "boolean")))
+                        .map(|v| parse_bool(v).ok_or_else(|| bad(v, "boolean")))
                         .collect::<Result<_, _>>()?,
                 ),
                 JsonType::Number => Values::Number(
                     f.value
                         .iter()
-                        .map(|v| v.trim().parse().map(Some).map_err(|_| bad(v, "number")))
+                        .map(|v| v.trim().parse().map_err(|_| bad(v, "number")))
                         .collect::<Result<_, _>>()?,
                 ),
                 JsonType::String => {
@@ -239,12 +244,17 @@ impl Filters {
                 .iter()
                 .map(|f| (f.name.clone(), f.path.clone()))
                 .collect();
-            exprs.push(Expr::compile(&e.expr, &fields).map_err(|m| format!("filters.exprs.{i}: {m}"))?);
+            exprs.push(
+                Expr::compile(&e.expr, &fields).map_err(|m| format!("filters.exprs.{i}: {m}"))?,
+            );
         }
         let time = match &cfg.time {
             None => None,
             Some(t) if t.start == t.stop => {
-                return Err("filters.time: start and stop are the same time; the window would be empty".into())
+                return Err(
+                    "filters.time: start and stop are the same time; the window would be empty"
+                        .into(),
+                )
             }
             Some(t) => Some(TimeFilter {
                 start: parse_time("filters.time.start", &t.start)?,
@@ -261,7 +271,14 @@ impl Filters {
                     .transpose()?,
             }),
         };
+        let script = cfg
+            .script
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| Script::compile(s).map_err(|e| format!("filters.script: {e}")))
+            .transpose()?;
         Ok(Filters {
+            script,
             data,
             data_logic: cfg.data_logical_operator,
             exprs,
@@ -273,7 +290,11 @@ impl Filters {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty() && self.exprs.is_empty() && self.context.is_none() && self.time.is_none()
+        self.data.is_empty()
+            && self.exprs.is_empty()
+            && self.context.is_none()
+            && self.time.is_none()
+            && self.script.is_none()
     }
 
     /// Whether the event passes; `Err` carries the family and the reason for a failure that is
@@ -283,15 +304,16 @@ impl Filters {
         // Argo: an event without data passes the data and exprs filters.
         let data = || match e.data.as_bytes().map(|b| std::str::from_utf8(b)) {
             None => Ok(None),
-            Some(Ok(s)) if s.is_empty() => Ok(None),
+            Some(Ok("")) => Ok(None),
             Some(Ok(s)) if gjson::valid(s) => Ok(Some(s)),
             _ => Err("the event's data is not JSON".to_string()),
         };
-        let families: [(bool, &'static str); 4] = [
+        let families: [(bool, &'static str); 5] = [
             (!self.exprs.is_empty(), "exprs"),
             (!self.data.is_empty(), "data"),
             (self.context.is_some(), "context"),
             (self.time.is_some(), "time"),
+            (self.script.is_some(), "script"),
         ];
         let mut first_fail = None;
         let mut any_pass = false;
@@ -302,13 +324,20 @@ impl Filters {
             let r = match family {
                 "exprs" => data().and_then(|d| match d {
                     None => Ok(true),
-                    Some(d) => combine(self.expr_logic, self.exprs.iter().map(|x| x.eval(cel_root, d))),
+                    Some(d) => combine(
+                        self.expr_logic,
+                        self.exprs.iter().map(|x| x.eval(cel_root, d)),
+                    ),
                 }),
                 "data" => data().and_then(|d| match d {
                     None => Ok(true),
                     Some(d) => combine(self.data_logic, self.data.iter().map(|f| f.eval(d))),
                 }),
                 "context" => Ok(self.context.as_ref().is_none_or(|c| context_matches(c, e))),
+                "script" => data().and_then(|d| match (d, &self.script) {
+                    (Some(d), Some(s)) => s.filter(d.as_bytes()),
+                    _ => Ok(true),
+                }),
                 _ => self.time.as_ref().map_or(Ok(true), |t| t.eval(e)),
             };
             match r {
@@ -346,7 +375,10 @@ pub struct Verdict {
 
 /// Combines the results of one family's entries: `and` stops at the first error or false,
 /// `or` passes on the first true and reports an error only when nothing passed.
-fn combine(logic: Logic, results: impl Iterator<Item = Result<bool, String>>) -> Result<bool, String> {
+fn combine(
+    logic: Logic,
+    results: impl Iterator<Item = Result<bool, String>>,
+) -> Result<bool, String> {
     let mut err = None;
     for r in results {
         match (logic, r) {
@@ -382,14 +414,20 @@ impl DataFilter {
     fn eval(&self, data: &str) -> Result<bool, String> {
         let res = gjson::get(data, &self.path);
         if !res.exists() {
-            return Err(format!("path {:?} does not exist in the event's data", self.path));
+            return Err(format!(
+                "path {:?} does not exist in the event's data",
+                self.path
+            ));
         }
         let templated;
         let text: &str = match &self.template {
             Some(t) => {
                 templated = t.render_input(&serde_json::Value::String(res.str().to_owned()))?;
                 if templated.is_empty() || templated == "<no value>" {
-                    return Err(format!("the template of {:?} gave an empty value", self.path));
+                    return Err(format!(
+                        "the template of {:?} gave an empty value",
+                        self.path
+                    ));
                 }
                 &templated
             }
@@ -401,13 +439,13 @@ impl DataFilter {
                     Some(_) => parse_bool(text).unwrap_or(false),
                     None => res.bool(),
                 };
-                vs.iter().any(|v| *v == Some(have))
+                vs.contains(&have)
             }
             Values::Number(vs) => {
                 let Ok(have) = text.trim().parse::<f64>() else {
                     return Err(format!("{:?}: {text:?} is not a number", self.path));
                 };
-                vs.iter().flatten().any(|&want| match self.cmp {
+                vs.iter().any(|&want| match self.cmp {
                     Cmp::Eq => have == want,
                     Cmp::Ne => have != want,
                     Cmp::Lt => have < want,

@@ -10,8 +10,10 @@
 mod condition;
 mod expr;
 mod filter;
+mod jq;
 mod params;
 mod run;
+mod script;
 mod tmpl;
 
 use std::time::Duration;
@@ -59,6 +61,21 @@ pub struct DependencyConfig {
     /// `and` (default): every filter family given must pass; `or`: one of them.
     #[serde(default, rename = "filtersLogicalOperator")]
     pub filters_logical_operator: Logic,
+    /// Reshapes the event's data before the filters see it (and the triggers after them).
+    #[serde(default)]
+    pub transform: Option<TransformConfig>,
+}
+
+/// One of `jq` or `script`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransformConfig {
+    /// A jq program; its first output, a JSON object, becomes the data.
+    #[serde(default)]
+    pub jq: Option<String>,
+    /// Lua (5.1): the global `event` is the data; the table returned becomes the data.
+    #[serde(default)]
+    pub script: Option<String>,
 }
 
 /// One trigger.
@@ -278,7 +295,10 @@ impl ProcessorConfig for SensorConfig {
             }
         }
         for (i, t) in self.triggers.iter().enumerate() {
-            for (key, sink) in [("sink", Some(&t.sink)), ("dlqTrigger", t.dlq_trigger.as_ref())] {
+            for (key, sink) in [
+                ("sink", Some(&t.sink)),
+                ("dlqTrigger", t.dlq_trigger.as_ref()),
+            ] {
                 if let Some(sink) = sink {
                     if !w.targets.iter().any(|s| &s.name == sink) {
                         w.targets

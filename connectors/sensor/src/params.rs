@@ -165,7 +165,13 @@ impl Param {
                 Value::String(whole.to_string())
             }));
         };
-        let input = || if data_side { data_json(e) } else { context_json(e) };
+        let input = || {
+            if data_side {
+                data_json(e)
+            } else {
+                context_json(e)
+            }
+        };
         let mut why = String::new();
         if let Some(t) = tmpl {
             match t.render_input(&input()) {
@@ -259,7 +265,9 @@ fn slot<'a>(doc: &'a mut Value, dest: &[Seg]) -> Result<&'a mut Value, String> {
             Seg::Key(k) => {
                 if !cur.is_object() {
                     if !cur.is_null() {
-                        return Err(format!("dest: `{k}` is a key into something that is not an object"));
+                        return Err(format!(
+                            "dest: `{k}` is a key into something that is not an object"
+                        ));
                     }
                     *cur = Value::Object(Map::new());
                 }
@@ -280,7 +288,11 @@ fn slot<'a>(doc: &'a mut Value, dest: &[Seg]) -> Result<&'a mut Value, String> {
                     }
                     // sjson treats a number as a key into an object.
                     Value::Object(m) => m.entry(i.to_string()).or_insert(Value::Null),
-                    _ => return Err(format!("dest: index {i} into something that is not an array")),
+                    _ => {
+                        return Err(format!(
+                            "dest: index {i} into something that is not an array"
+                        ))
+                    }
                 }
             }
             Seg::Append => {
@@ -304,9 +316,8 @@ fn slot<'a>(doc: &'a mut Value, dest: &[Seg]) -> Result<&'a mut Value, String> {
 pub fn data_json(e: &Event) -> Value {
     match e.data.as_bytes() {
         None => Value::Null,
-        Some(b) => serde_json::from_slice(b).unwrap_or_else(|_| {
-            Value::String(String::from_utf8_lossy(b).into_owned())
-        }),
+        Some(b) => serde_json::from_slice(b)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned())),
     }
 }
 
@@ -347,7 +358,9 @@ mod tests {
     fn event() -> Event {
         Event::new("id-1", "/gh", "com.github.push")
             .with_subject("main")
-            .with_json(r#"{"ref":"refs/heads/main","size":12,"head":{"id":"abc"},"msg":"hello world"}"#)
+            .with_json(
+                r#"{"ref":"refs/heads/main","size":12,"head":{"id":"abc"},"msg":"hello world"}"#,
+            )
     }
 
     #[test]
@@ -355,57 +368,173 @@ mod tests {
         let e = event();
         let r = |p: &Param| p.resolve(Some(&e)).unwrap();
         let v = |s: &str| Resolved::Value(Value::String(s.into()));
-        assert_eq!(r(&param(serde_json::json!({"dependencyName":"d","dataKey":"head.id"}), "x", "overwrite")), v("abc"));
-        // Without useRawData a number or object is inserted as its text.
-        assert_eq!(r(&param(serde_json::json!({"dependencyName":"d","dataKey":"size"}), "x", "overwrite")), v("12"));
-        assert_eq!(r(&param(serde_json::json!({"dependencyName":"d","dataKey":"head"}), "x", "overwrite")), v(r#"{"id":"abc"}"#));
         assert_eq!(
-            r(&param(serde_json::json!({"dependencyName":"d","dataKey":"head","useRawData":true}), "x", "overwrite")),
+            r(&param(
+                serde_json::json!({"dependencyName":"d","dataKey":"head.id"}),
+                "x",
+                "overwrite"
+            )),
+            v("abc")
+        );
+        // Without useRawData a number or object is inserted as its text.
+        assert_eq!(
+            r(&param(
+                serde_json::json!({"dependencyName":"d","dataKey":"size"}),
+                "x",
+                "overwrite"
+            )),
+            v("12")
+        );
+        assert_eq!(
+            r(&param(
+                serde_json::json!({"dependencyName":"d","dataKey":"head"}),
+                "x",
+                "overwrite"
+            )),
+            v(r#"{"id":"abc"}"#)
+        );
+        assert_eq!(
+            r(&param(
+                serde_json::json!({"dependencyName":"d","dataKey":"head","useRawData":true}),
+                "x",
+                "overwrite"
+            )),
             Resolved::Value(serde_json::json!({"id":"abc"}))
         );
-        assert_eq!(r(&param(serde_json::json!({"dependencyName":"d","contextKey":"subject"}), "x", "overwrite")), v("main"));
+        assert_eq!(
+            r(&param(
+                serde_json::json!({"dependencyName":"d","contextKey":"subject"}),
+                "x",
+                "overwrite"
+            )),
+            v("main")
+        );
         // Template first, then key.
         assert_eq!(
-            r(&param(serde_json::json!({"dependencyName":"d","dataKey":"size","dataTemplate":"{{ .Input.ref | trimPrefix \"refs/heads/\" }}"}), "x", "overwrite")),
+            r(&param(
+                serde_json::json!({"dependencyName":"d","dataKey":"size","dataTemplate":"{{ .Input.ref | trimPrefix \"refs/heads/\" }}"}),
+                "x",
+                "overwrite"
+            )),
             v("main")
         );
         assert_eq!(
-            r(&param(serde_json::json!({"dependencyName":"d","dataTemplate":"{{ .Input.msg | title }}"}), "x", "overwrite")),
+            r(&param(
+                serde_json::json!({"dependencyName":"d","dataTemplate":"{{ .Input.msg | title }}"}),
+                "x",
+                "overwrite"
+            )),
             v("Hello World")
         );
         assert_eq!(
-            r(&param(serde_json::json!({"dependencyName":"d","contextTemplate":"{{ .Input.type | upper }}"}), "x", "overwrite")),
+            r(&param(
+                serde_json::json!({"dependencyName":"d","contextTemplate":"{{ .Input.type | upper }}"}),
+                "x",
+                "overwrite"
+            )),
             v("COM.GITHUB.PUSH")
         );
         // A missing key falls back to value; without one it is an error.
-        assert_eq!(r(&param(serde_json::json!({"dependencyName":"d","dataKey":"nope","value":"dflt"}), "x", "overwrite")), v("dflt"));
-        assert!(param(serde_json::json!({"dependencyName":"d","dataKey":"nope"}), "x", "overwrite").resolve(Some(&e)).is_err());
+        assert_eq!(
+            r(&param(
+                serde_json::json!({"dependencyName":"d","dataKey":"nope","value":"dflt"}),
+                "x",
+                "overwrite"
+            )),
+            v("dflt")
+        );
+        assert!(param(
+            serde_json::json!({"dependencyName":"d","dataKey":"nope"}),
+            "x",
+            "overwrite"
+        )
+        .resolve(Some(&e))
+        .is_err());
         // No event: value, else skipped.
-        assert_eq!(param(serde_json::json!({"dependencyName":"d","dataKey":"x","value":"v"}), "x", "overwrite").resolve(None).unwrap(), v("v"));
-        assert_eq!(param(serde_json::json!({"dependencyName":"d","dataKey":"x"}), "x", "overwrite").resolve(None).unwrap(), Resolved::Skip);
+        assert_eq!(
+            param(
+                serde_json::json!({"dependencyName":"d","dataKey":"x","value":"v"}),
+                "x",
+                "overwrite"
+            )
+            .resolve(None)
+            .unwrap(),
+            v("v")
+        );
+        assert_eq!(
+            param(
+                serde_json::json!({"dependencyName":"d","dataKey":"x"}),
+                "x",
+                "overwrite"
+            )
+            .resolve(None)
+            .unwrap(),
+            Resolved::Skip
+        );
     }
 
     #[test]
     fn dest_paths_and_operations() {
         let mut doc = serde_json::json!({"spec":{"arguments":{"parameters":[{"name":"m","value":"x"}]}},"list":[1]});
-        let p = param(serde_json::json!({"dependencyName":"d"}), "spec.arguments.parameters.0.value", "overwrite");
+        let p = param(
+            serde_json::json!({"dependencyName":"d"}),
+            "spec.arguments.parameters.0.value",
+            "overwrite",
+        );
         p.apply(&mut doc, Value::String("hi".into())).unwrap();
         assert_eq!(doc["spec"]["arguments"]["parameters"][0]["value"], "hi");
-        param(serde_json::json!({"dependencyName":"d"}), "spec.arguments.parameters.0.value", "append")
-            .apply(&mut doc, Value::String("-there".into()))
-            .unwrap();
-        assert_eq!(doc["spec"]["arguments"]["parameters"][0]["value"], "hi-there");
-        param(serde_json::json!({"dependencyName":"d"}), "spec.arguments.parameters.0.value", "prepend")
-            .apply(&mut doc, Value::String(">".into()))
-            .unwrap();
-        assert_eq!(doc["spec"]["arguments"]["parameters"][0]["value"], ">hi-there");
-        param(serde_json::json!({"dependencyName":"d"}), "list.-1", "overwrite").apply(&mut doc, serde_json::json!(2)).unwrap();
+        param(
+            serde_json::json!({"dependencyName":"d"}),
+            "spec.arguments.parameters.0.value",
+            "append",
+        )
+        .apply(&mut doc, Value::String("-there".into()))
+        .unwrap();
+        assert_eq!(
+            doc["spec"]["arguments"]["parameters"][0]["value"],
+            "hi-there"
+        );
+        param(
+            serde_json::json!({"dependencyName":"d"}),
+            "spec.arguments.parameters.0.value",
+            "prepend",
+        )
+        .apply(&mut doc, Value::String(">".into()))
+        .unwrap();
+        assert_eq!(
+            doc["spec"]["arguments"]["parameters"][0]["value"],
+            ">hi-there"
+        );
+        param(
+            serde_json::json!({"dependencyName":"d"}),
+            "list.-1",
+            "overwrite",
+        )
+        .apply(&mut doc, serde_json::json!(2))
+        .unwrap();
         assert_eq!(doc["list"], serde_json::json!([1, 2]));
-        param(serde_json::json!({"dependencyName":"d"}), "new.deep\\.key.2", "overwrite").apply(&mut doc, serde_json::json!(true)).unwrap();
-        assert_eq!(doc["new"]["deep.key"], serde_json::json!([null, null, true]));
+        param(
+            serde_json::json!({"dependencyName":"d"}),
+            "new.deep\\.key.2",
+            "overwrite",
+        )
+        .apply(&mut doc, serde_json::json!(true))
+        .unwrap();
+        assert_eq!(
+            doc["new"]["deep.key"],
+            serde_json::json!([null, null, true])
+        );
         let mut whole = Value::Null;
-        param(serde_json::json!({"dependencyName":"d"}), "", "overwrite").apply(&mut whole, serde_json::json!({"a":1})).unwrap();
+        param(serde_json::json!({"dependencyName":"d"}), "", "overwrite")
+            .apply(&mut whole, serde_json::json!({"a":1}))
+            .unwrap();
         assert_eq!(whole, serde_json::json!({"a":1}));
-        assert!(param(serde_json::json!({"dependencyName":"d"}), "list.x", "overwrite").apply(&mut doc, Value::Null).is_err());
+        assert!(param(
+            serde_json::json!({"dependencyName":"d"}),
+            "list.x",
+            "overwrite"
+        )
+        .apply(&mut doc, Value::Null)
+        .is_err());
     }
 }

@@ -17,8 +17,8 @@ use sluice_core::pipeline::{SinkWindow, Step, DEAD_LETTER_REASON, DEAD_LETTER_SI
 use sluice_core::state::StateStore;
 use sluice_core::telemetry as t;
 use sluice_core::{
-    ConnectorError, Event, Outcome, ProcessorContext, SinkItem, SourceSender, Status,
-    Target, Timestamp,
+    ConnectorError, Event, Outcome, ProcessorContext, SinkItem, SourceSender, Status, Target,
+    Timestamp,
 };
 
 use crate::condition::{self, Cond};
@@ -28,9 +28,15 @@ use crate::{expr, Retry, SensorConfig};
 
 const BATCH: usize = 64;
 
+enum Transform {
+    Jq(crate::jq::Jq),
+    Lua(crate::script::Script),
+}
+
 pub(crate) struct Dep {
     pub(crate) name: String,
     ty: Option<String>,
+    transform: Option<Transform>,
     filters: Filters,
     matched: Counter,
     errors: Counter,
@@ -91,19 +97,43 @@ impl Sensor {
         if cfg.concurrency == 0 {
             return Err("concurrency: must be at least 1".into());
         }
-        unique(cfg.dependencies.iter().map(|d| d.name.as_str()), "dependencies")?;
+        unique(
+            cfg.dependencies.iter().map(|d| d.name.as_str()),
+            "dependencies",
+        )?;
         unique(cfg.triggers.iter().map(|t| t.name.as_str()), "triggers")?;
         let mut deps = Vec::new();
         let mut by_origin: HashMap<String, Vec<usize>> = HashMap::new();
         for (i, d) in cfg.dependencies.iter().enumerate() {
-            let filters = Filters::compile(&d.filters.clone().unwrap_or_default(), d.filters_logical_operator)
-                .map_err(|e| format!("dependencies.{i}.{e}"))?;
+            let filters = Filters::compile(
+                &d.filters.clone().unwrap_or_default(),
+                d.filters_logical_operator,
+            )
+            .map_err(|e| format!("dependencies.{i}.{e}"))?;
             by_origin.entry(d.source.clone()).or_default().push(i);
-            let l = |r: &'static str| {
-                counter!(t::SENSOR_DEPENDENCY_EVENTS, "sensor" => name.to_owned(), "dependency" => d.name.clone(), "result" => r)
+            let l = |r: &'static str| counter!(t::SENSOR_DEPENDENCY_EVENTS, "sensor" => name.to_owned(), "dependency" => d.name.clone(), "result" => r);
+            let transform = match &d.transform {
+                None => None,
+                Some(t) => match (t.jq.as_deref(), t.script.as_deref()) {
+                    (Some(jq), None) => {
+                        Some(Transform::Jq(crate::jq::Jq::compile(jq).map_err(|e| {
+                            format!("dependencies.{i}.transform.jq: {e}")
+                        })?))
+                    }
+                    (None, Some(lua)) => Some(Transform::Lua(
+                        crate::script::Script::compile(lua)
+                            .map_err(|e| format!("dependencies.{i}.transform.script: {e}"))?,
+                    )),
+                    _ => {
+                        return Err(format!(
+                            "dependencies.{i}.transform: give one of `jq` or `script`"
+                        ))
+                    }
+                },
             };
             deps.push(Dep {
                 name: d.name.clone(),
+                transform,
                 ty: d.ty.clone(),
                 filters,
                 matched: l("matched"),
@@ -145,8 +175,10 @@ impl Sensor {
             for (pi, p) in tc.parameters.iter().enumerate() {
                 let first = p.dest.split('.').next().unwrap_or("");
                 let ok = matches!(first, "type" | "subject" | "dataschema")
-                    || (!matches!(first, "id" | "source" | "specversion" | "time" | "data" | "datacontenttype")
-                        && check_extension_name(first).is_ok());
+                    || (!matches!(
+                        first,
+                        "id" | "source" | "specversion" | "time" | "data" | "datacontenttype"
+                    ) && check_extension_name(first).is_ok());
                 if !ok || p.dest.contains('.') {
                     return Err(format!(
                         "{what}.parameters.{pi}.dest: `{}` is not an attribute a trigger may set (type, subject, dataschema, or an extension name)",
@@ -157,7 +189,10 @@ impl Sensor {
             let mut resets = Vec::new();
             for (ri, r) in tc.conditions_reset.iter().enumerate() {
                 let cron = Cron::from_str(&r.by_time.cron).map_err(|e| {
-                    format!("{what}.conditionsReset.{ri}.byTime.cron: {:?}: {e}", r.by_time.cron)
+                    format!(
+                        "{what}.conditionsReset.{ri}.byTime.cron: {:?}: {e}",
+                        r.by_time.cron
+                    )
                 })?;
                 let tz = match r.by_time.timezone.as_deref().filter(|z| !z.is_empty()) {
                     None => chrono_tz::UTC,
@@ -170,7 +205,9 @@ impl Sensor {
             let rate = match &tc.rate_limit {
                 None => None,
                 Some(r) if r.requests_per_unit == 0 => {
-                    return Err(format!("{what}.rateLimit.requestsPerUnit: must be at least 1"))
+                    return Err(format!(
+                        "{what}.rateLimit.requestsPerUnit: must be at least 1"
+                    ))
                 }
                 Some(r) => {
                     let unit = match r.unit {
@@ -190,9 +227,14 @@ impl Sensor {
                 }
             }
             if tc.dlq_trigger.as_deref() == Some(tc.sink.as_str()) {
-                return Err(format!("{what}.dlqTrigger: must be another sink than `sink`"));
+                return Err(format!(
+                    "{what}.dlqTrigger: must be another sink than `sink`"
+                ));
             }
-            let ty = tc.ty.clone().unwrap_or_else(|| format!("sluice.sensor.{}", tc.name));
+            let ty = tc
+                .ty
+                .clone()
+                .unwrap_or_else(|| format!("sluice.sensor.{}", tc.name));
             sluice_core::event::check_source_and_type(&format!("/sensors/{name}"), &ty)
                 .map_err(|e| format!("{what}.type: {e}"))?;
             triggers.push(Trigger {
@@ -223,8 +265,14 @@ impl Sensor {
         })
     }
 
-    /// The dependencies `e` (from stage `origin`) satisfies.
-    fn matches(&self, root: &cel::Context<'_, '_>, origin: &str, e: &Event) -> Vec<usize> {
+    /// The dependencies `e` (from stage `origin`) satisfies, each with the event as its
+    /// transform made it (`None`: unchanged).
+    fn matches(
+        &self,
+        root: &cel::Context<'_, '_>,
+        origin: &str,
+        e: &Event,
+    ) -> Vec<(usize, Option<Event>)> {
         let Some(cands) = self.by_origin.get(origin) else {
             return Vec::new();
         };
@@ -234,7 +282,34 @@ impl Sensor {
             if dep.ty.as_deref().is_some_and(|ty| ty != e.ty) {
                 continue;
             }
-            let v = dep.filters.eval(root, e);
+            let transformed = match &dep.transform {
+                None => None,
+                Some(t) => {
+                    let data = e.data.as_bytes().map(|b| b.as_ref()).unwrap_or(b"");
+                    let out = match t {
+                        // Argo: an event without data passes a transform unchanged.
+                        _ if data.is_empty() => Ok(None),
+                        Transform::Jq(jq) => jq.apply(data).map(Some),
+                        Transform::Lua(s) => s.transform(data).map(Some),
+                    };
+                    match out {
+                        Ok(None) => None,
+                        Ok(Some(new)) => {
+                            let mut t = e.clone();
+                            t.datacontenttype = Some("application/json".into());
+                            t.data =
+                                sluice_core::Data::from_bytes(new.into(), Some("application/json"));
+                            Some(t)
+                        }
+                        Err(err) => {
+                            dep.errors.increment(1);
+                            tracing::debug!(sensor = %self.name, dependency = %dep.name, id = %e.id, error = %err, "transform error; the event is not used");
+                            continue;
+                        }
+                    }
+                }
+            };
+            let v = dep.filters.eval(root, transformed.as_ref().unwrap_or(e));
             for err in &v.errors {
                 tracing::debug!(sensor = %self.name, dependency = %dep.name, id = %e.id, error = %err, "filter error");
             }
@@ -243,7 +318,7 @@ impl Sensor {
             }
             if v.pass {
                 dep.matched.increment(1);
-                out.push(d);
+                out.push((d, transformed));
             } else if let Some(family) = v.family {
                 counter!(t::SENSOR_DEPENDENCY_EVENTS, "sensor" => self.name.clone(), "dependency" => dep.name.clone(), "result" => "filtered", "family" => family).increment(1);
             }
@@ -252,7 +327,11 @@ impl Sensor {
     }
 
     #[cfg(test)]
-    pub(crate) fn outputs_for_test(&self, ti: usize, have: &[(usize, Event)]) -> Result<Vec<Event>, String> {
+    pub(crate) fn outputs_for_test(
+        &self,
+        ti: usize,
+        have: &[(usize, Event)],
+    ) -> Result<Vec<Event>, String> {
         self.outputs(ti, have)
     }
 
@@ -283,14 +362,23 @@ impl Sensor {
                 h.update(part.as_bytes());
             }
             for (d, e) in have {
-                for part in ["\0", self.deps[*d].name.as_str(), "\0", &e.source, "\0", &e.id] {
+                for part in [
+                    "\0",
+                    self.deps[*d].name.as_str(),
+                    "\0",
+                    &e.source,
+                    "\0",
+                    &e.id,
+                ] {
                     h.update(part.as_bytes());
                 }
             }
             let id = format!("{:032x}", h.digest128());
-            vec![Event::new(id, format!("/sensors/{}", self.name), tr.ty.clone())
-                .with_time(Timestamp::now())
-                .with_json(serde_json::to_vec(&doc).unwrap_or_default())]
+            vec![
+                Event::new(id, format!("/sensors/{}", self.name), tr.ty.clone())
+                    .with_time(Timestamp::now())
+                    .with_json(serde_json::to_vec(&doc).unwrap_or_default()),
+            ]
         };
         if !tr.parameters.is_empty() {
             for out in &mut outs {
@@ -301,10 +389,12 @@ impl Sensor {
                         Resolved::Value(v) => p.apply(&mut doc, v)?,
                     }
                 }
-                let text = |k: &str| doc.get(k).map(|v| match v {
-                    serde_json::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                });
+                let text = |k: &str| {
+                    doc.get(k).map(|v| match v {
+                        serde_json::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    })
+                };
                 for p in &tr.parameters {
                     match p.dest_text.as_str() {
                         "type" => out.ty = text("type").unwrap_or_default(),
@@ -359,7 +449,14 @@ fn now_ms() -> u64 {
 }
 
 fn state_key(trigger: &str, key: &str, dep: &str) -> Vec<u8> {
-    [trigger.as_bytes(), b"\0", key.as_bytes(), b"\0", dep.as_bytes()].concat()
+    [
+        trigger.as_bytes(),
+        b"\0",
+        key.as_bytes(),
+        b"\0",
+        dep.as_bytes(),
+    ]
+    .concat()
 }
 
 impl State {
@@ -384,11 +481,16 @@ impl State {
     }
 
     fn write(&self, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) -> Result<(), String> {
-        let Some(store) = &self.store else { return Ok(()) };
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
         if puts.is_empty() && deletes.is_empty() {
             return Ok(());
         }
-        let p: Vec<(&[u8], &[u8])> = puts.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+        let p: Vec<(&[u8], &[u8])> = puts
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_slice()))
+            .collect();
         let d: Vec<&[u8]> = deletes.iter().map(Vec::as_slice).collect();
         store.write(&self.table, &p, &d).map_err(|e| e.to_string())
     }
@@ -412,7 +514,9 @@ impl State {
     /// Loads what the store holds, dropping entries of triggers or dependencies that no longer
     /// exist, and entries older than the last reset tick or the trigger's TTL.
     fn load(&mut self, s: &Sensor) -> Result<(), String> {
-        let Some(store) = self.store.clone() else { return Ok(()) };
+        let Some(store) = self.store.clone() else {
+            return Ok(());
+        };
         let mut stale = Vec::new();
         let now = now_ms();
         let mut rows = Vec::new();
@@ -430,8 +534,13 @@ impl State {
                     let tr = &s.triggers[ti];
                     let pos = tr.deps.iter().position(|&d| s.deps[d].name == dn)?;
                     let at_ms = u64::from_be_bytes(v[..8].try_into().ok()?);
-                    let event = sluice_core::format::decode_event(&bytes::Bytes::copy_from_slice(&v[8..])).ok()?;
-                    let floor = last_reset_ms(tr).max(tr.ttl.map_or(0, |ttl| now.saturating_sub(ttl.as_millis() as u64)));
+                    let event =
+                        sluice_core::format::decode_event(&bytes::Bytes::copy_from_slice(&v[8..]))
+                            .ok()?;
+                    let floor = last_reset_ms(tr).max(
+                        tr.ttl
+                            .map_or(0, |ttl| now.saturating_sub(ttl.as_millis() as u64)),
+                    );
                     (at_ms >= floor).then_some((ti, key.to_owned(), pos, Stored { event, at_ms }))
                 })
                 .flatten();
@@ -458,7 +567,10 @@ impl State {
 
     fn clear(&mut self, s: &Sensor, ti: usize, reason: &'static str) -> Result<(), String> {
         let slots = std::mem::take(&mut self.slots[ti]);
-        let keys: Vec<Vec<u8>> = slots.iter().flat_map(|(k, slot)| Self::slot_keys(s, ti, k, slot)).collect();
+        let keys: Vec<Vec<u8>> = slots
+            .iter()
+            .flat_map(|(k, slot)| Self::slot_keys(s, ti, k, slot))
+            .collect();
         if !slots.is_empty() {
             counter!(t::SENSOR_STATE_EVICTIONS, "sensor" => s.name.clone(), "trigger" => s.triggers[ti].name.clone(), "reason" => reason).increment(slots.len() as u64);
         }
@@ -468,7 +580,9 @@ impl State {
 
     fn expire(&mut self, s: &Sensor, now: u64) -> Result<(), String> {
         for ti in 0..s.triggers.len() {
-            let Some(ttl) = s.triggers[ti].ttl else { continue };
+            let Some(ttl) = s.triggers[ti].ttl else {
+                continue;
+            };
             let floor = now.saturating_sub(ttl.as_millis() as u64);
             let old: Vec<String> = self.slots[ti]
                 .iter()
@@ -480,7 +594,13 @@ impl State {
         Ok(())
     }
 
-    fn evict(&mut self, s: &Sensor, ti: usize, keys: &[String], reason: &'static str) -> Result<(), String> {
+    fn evict(
+        &mut self,
+        s: &Sensor,
+        ti: usize,
+        keys: &[String],
+        reason: &'static str,
+    ) -> Result<(), String> {
         if keys.is_empty() {
             return Ok(());
         }
@@ -503,7 +623,10 @@ impl State {
         let mut puts = Vec::new();
         for (pos, st) in taken.events.into_iter().enumerate() {
             if let (None, Some(st)) = (&slot.events[pos], st) {
-                puts.push((state_key(&tr.name, &key, &s.deps[tr.deps[pos]].name), Self::encode(&st)));
+                puts.push((
+                    state_key(&tr.name, &key, &s.deps[tr.deps[pos]].name),
+                    Self::encode(&st),
+                ));
                 slot.events[pos] = Some(st);
             }
         }
@@ -554,19 +677,39 @@ struct Firing {
 
 impl Sensor {
     /// Applies one matched event to every trigger that names one of `matched`.
-    fn apply(&self, state: &mut State, e: &Event, matched: &[usize]) -> Result<Vec<Firing>, String> {
+    fn apply(
+        &self,
+        state: &mut State,
+        e: &Event,
+        matched: &[(usize, Option<Event>)],
+    ) -> Result<Vec<Firing>, String> {
         let mut firings = Vec::new();
-        let mut tis: Vec<usize> = matched.iter().flat_map(|&d| self.dep_triggers[d].iter().copied()).collect();
+        let event_of = |d: usize| {
+            matched
+                .iter()
+                .find(|(x, _)| *x == d)
+                .and_then(|(_, t)| t.as_ref())
+                .unwrap_or(e)
+        };
+        let mut tis: Vec<usize> = matched
+            .iter()
+            .flat_map(|(d, _)| self.dep_triggers[*d].iter().copied())
+            .collect();
         tis.sort_unstable();
         tis.dedup();
         let now = now_ms();
         for ti in tis {
             let tr = &self.triggers[ti];
-            let mine: Vec<usize> = tr.deps.iter().copied().filter(|d| matched.contains(d)).collect();
+            let mine: Vec<usize> = tr
+                .deps
+                .iter()
+                .copied()
+                .filter(|d| matched.iter().any(|(x, _)| x == d))
+                .collect();
             if tr.pure_or {
                 firings.push(Firing {
                     trigger: ti,
-                    events: mine.iter().map(|&d| (d, e.clone())).collect(),
+                    events: mine.iter().map(|&d| (d, event_of(d).clone())).collect(),
                     taken: None,
                 });
                 continue;
@@ -574,7 +717,12 @@ impl Sensor {
             let key = match &tr.correlate {
                 None => String::new(),
                 Some(path) => {
-                    let data = e.data.as_bytes().and_then(|b| std::str::from_utf8(b).ok()).unwrap_or("");
+                    let e = event_of(mine[0]);
+                    let data = e
+                        .data
+                        .as_bytes()
+                        .and_then(|b| std::str::from_utf8(b).ok())
+                        .unwrap_or("");
                     let v = gjson::get(data, path);
                     if !v.exists() {
                         tracing::debug!(sensor = %self.name, trigger = %tr.name, id = %e.id, path = %path, "sensor: no correlation key in the event; not kept for this trigger");
@@ -589,12 +737,21 @@ impl Sensor {
             let mut puts = Vec::new();
             for d in &mine {
                 let pos = tr.deps.iter().position(|x| x == d).unwrap_or(0);
-                let st = Stored { event: e.clone(), at_ms: now };
-                puts.push((state_key(&tr.name, &key, &self.deps[*d].name), State::encode(&st)));
+                let st = Stored {
+                    event: event_of(*d).clone(),
+                    at_ms: now,
+                };
+                puts.push((
+                    state_key(&tr.name, &key, &self.deps[*d].name),
+                    State::encode(&st),
+                ));
                 slot.events[pos] = Some(st);
             }
             let holds = tr.cond.eval(&|d| {
-                tr.deps.iter().position(|x| *x == d).is_some_and(|pos| slot.events[pos].is_some())
+                tr.deps
+                    .iter()
+                    .position(|x| *x == d)
+                    .is_some_and(|pos| slot.events[pos].is_some())
             });
             if holds {
                 let taken = state.slots[ti].remove(&key).unwrap_or_default();
@@ -606,9 +763,16 @@ impl Sensor {
                     .filter_map(|(pos, st)| st.as_ref().map(|st| (tr.deps[pos], st.event.clone())))
                     .collect();
                 // Only what was kept before this event needs deleting from the store.
-                let dels: Vec<Vec<u8>> = dels.into_iter().filter(|k| !puts.iter().any(|(p, _)| p == k)).collect();
+                let dels: Vec<Vec<u8>> = dels
+                    .into_iter()
+                    .filter(|k| !puts.iter().any(|(p, _)| p == k))
+                    .collect();
                 state.write(&[], &dels)?;
-                firings.push(Firing { trigger: ti, events, taken: Some((key, taken)) });
+                firings.push(Firing {
+                    trigger: ti,
+                    events,
+                    taken: Some((key, taken)),
+                });
             } else {
                 state.write(&puts, &[])?;
                 if state.slots[ti].len() > tr.max_keys {
@@ -666,7 +830,11 @@ fn rand01() -> f64 {
 
 impl Run {
     /// Runs one firing to its end: rate limit, attempts with backoff, dead letter.
-    fn fire(&self, f: Firing, outs: Vec<Event>) -> impl std::future::Future<Output = Outcome> + Send + 'static {
+    fn fire(
+        &self,
+        f: Firing,
+        outs: Vec<Event>,
+    ) -> impl std::future::Future<Output = Outcome> + Send + 'static {
         let sensor = self.sensor.clone();
         let state = self.state.clone();
         let sender = self.sender.clone();
@@ -724,7 +892,10 @@ impl Run {
             tracing::error!(sensor = %sensor.name, trigger = %tr.name, events = ?ids, %reason, at_least_once = tr.at_least_once, "trigger failed");
             if tr.at_least_once {
                 if let Some((key, taken)) = f.taken {
-                    state.lock().unwrap_or_else(|p| p.into_inner()).restore(&sensor, f.trigger, key, taken);
+                    state
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .restore(&sensor, f.trigger, key, taken);
                 }
             }
             outcome
@@ -732,8 +903,16 @@ impl Run {
     }
 
     /// Handles one input: match, keep, fire, and settle it.
-    fn input(&self, root: &cel::Context<'_, '_>, item: SinkItem, window: &mut SinkWindow<futures_util::future::BoxFuture<'static, ()>>) {
-        let SinkItem { event, mut delivery } = item;
+    fn input(
+        &self,
+        root: &cel::Context<'_, '_>,
+        item: SinkItem,
+        window: &mut SinkWindow<futures_util::future::BoxFuture<'static, ()>>,
+    ) {
+        let SinkItem {
+            event,
+            mut delivery,
+        } = item;
         delivery.release_memory();
         let matched = self.sensor.matches(root, delivery.origin(), &event);
         if matched.is_empty() {
@@ -759,12 +938,18 @@ impl Run {
                     counter!(t::SENSOR_TRIGGERS, "sensor" => self.sensor.name.clone(), "trigger" => tr.name.clone(), "result" => "failed").increment(1);
                     tracing::error!(sensor = %self.sensor.name, trigger = %tr.name, id = %event.id, error = %e, "trigger cannot build its output");
                     if tr.at_least_once {
-                        waits.push(futures_util::future::ready(Outcome {
-                            status: Status::Rejected,
-                            reason: Some(format!("sensor {} trigger {}: {e}", self.sensor.name, tr.name)),
-                            events: 1,
-                            duplicates: 0,
-                        }).boxed());
+                        waits.push(
+                            futures_util::future::ready(Outcome {
+                                status: Status::Rejected,
+                                reason: Some(format!(
+                                    "sensor {} trigger {}: {e}",
+                                    self.sensor.name, tr.name
+                                )),
+                                events: 1,
+                                duplicates: 0,
+                            })
+                            .boxed(),
+                        );
                     }
                     continue;
                 }
@@ -825,9 +1010,12 @@ pub(crate) fn start(
         })
         .collect();
     let mut state = State::new(&sensor, ctx.state.clone());
-    state
-        .load(&sensor)
-        .map_err(|e| ConnectorError::new(format!("sensor {}: cannot load its saved state: {e}", sensor.name)))?;
+    state.load(&sensor).map_err(|e| {
+        ConnectorError::new(format!(
+            "sensor {}: cannot load its saved state: {e}",
+            sensor.name
+        ))
+    })?;
     if ctx.state.is_none() && sensor.triggers.iter().any(|t| !t.pure_or) {
         tracing::info!(sensor = %sensor.name, "sensor: no state_dir; partial matches are kept in memory only and lost on restart");
     }
@@ -842,9 +1030,14 @@ pub(crate) fn start(
     Ok(run_loop(run, concurrency, ctx))
 }
 
-async fn run_loop(run: Run, concurrency: usize, mut ctx: ProcessorContext) -> Result<(), ConnectorError> {
+async fn run_loop(
+    run: Run,
+    concurrency: usize,
+    mut ctx: ProcessorContext,
+) -> Result<(), ConnectorError> {
     let root = expr::root_context();
-    let mut window: SinkWindow<futures_util::future::BoxFuture<'static, ()>> = SinkWindow::new(concurrency);
+    let mut window: SinkWindow<futures_util::future::BoxFuture<'static, ()>> =
+        SinkWindow::new(concurrency);
     let mut batch: Vec<SinkItem> = Vec::with_capacity(BATCH);
     let any_ttl = run.sensor.triggers.iter().any(|t| t.ttl.is_some());
     loop {
@@ -909,7 +1102,11 @@ impl Bench {
         let cfg: SensorConfig = serde_json::from_value(cfg).expect("bench: sensor config");
         let sensor = Sensor::compile(&cfg, "bench").expect("bench: sensor compiles");
         let state = State::new(&sensor, None);
-        Bench { sensor, state, root: expr::root_context() }
+        Bench {
+            sensor,
+            state,
+            root: expr::root_context(),
+        }
     }
 
     /// Matches, keeps and fires for one event from `origin`; returns the outputs built.
@@ -918,10 +1115,17 @@ impl Bench {
         if matched.is_empty() {
             return 0;
         }
-        let firings = self.sensor.apply(&mut self.state, e, &matched).unwrap_or_default();
+        let firings = self
+            .sensor
+            .apply(&mut self.state, e, &matched)
+            .unwrap_or_default();
         firings
             .iter()
-            .map(|f| self.sensor.outputs(f.trigger, &f.events).map_or(0, |o| o.len()))
+            .map(|f| {
+                self.sensor
+                    .outputs(f.trigger, &f.events)
+                    .map_or(0, |o| o.len())
+            })
             .sum()
     }
 }

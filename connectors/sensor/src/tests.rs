@@ -37,8 +37,11 @@ fn json_event(data: &str) -> Event {
 fn argo_filter_data() {
     let one = |data: &str, f: serde_json::Value, op: &str| {
         let logic = if op == "or" { Logic::Or } else { Logic::And };
-        let f = filters(json!({"data": f, "dataLogicalOperator": if op.is_empty() { "and" } else { op }}), Logic::And)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let f = filters(
+            json!({"data": f, "dataLogicalOperator": if op.is_empty() { "and" } else { op }}),
+            Logic::And,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let _ = logic;
         eval(&f, &json_event(data))
     };
@@ -46,42 +49,169 @@ fn argo_filter_data() {
     // empty data passes
     assert_eq!(one("", s("v"), ""), (true, false));
     // invalid filter path: an error
-    assert_eq!(one(r#"{"k": "v"}"#, json!([{"path": "", "type": "string", "value": ["v"]}]), ""), (false, true));
+    assert_eq!(
+        one(
+            r#"{"k": "v"}"#,
+            json!([{"path": "", "type": "string", "value": ["v"]}]),
+            ""
+        ),
+        (false, true)
+    );
     // no values: refused (Argo: "no values specified" at evaluation)
-    assert!(filters(json!({"data": [{"path": "k", "type": "string", "value": []}]}), Logic::And).is_err());
+    assert!(filters(
+        json!({"data": [{"path": "k", "type": "string", "value": []}]}),
+        Logic::And
+    )
+    .is_err());
     let cases: &[(&str, serde_json::Value, bool)] = &[
         (r#"{"k": "v"}"#, s("v"), true),
-        (r#"{"k": "v"}"#, json!([{"path":"k","type":"string","value":["v"],"comparator":"="}]), true),
-        (r#"{"k": "v"}"#, json!([{"path":"k","type":"string","value":["b"],"comparator":"!="}]), true),
-        (r#"{"k": "1.0"}"#, json!([{"path":"k","type":"number","value":["1.0"]}]), true),
-        (r#"{"k": "2.0"}"#, json!([{"path":"k","type":"number","value":["1.0"],"comparator":">"}]), true),
-        (r#"{"k": "2.0"}"#, json!([{"path":"k","type":"number","value":["1.0"],"comparator":"<="}]), false),
-        (r#"{"k": "1.0"}"#, json!([{"path":"k","type":"number","value":["1.0"],"comparator":"!="}]), false),
-        (r#"{"k": "5.0"}"#, json!([{"path":"k","type":"number","value":["5.0"],"comparator":"="}]), true),
-        (r#"{"k": "10.0"}"#, json!([{"path":"k","type":"number","value":["10.0"]}]), true),
-        (r#"{"k": 1.0}"#, json!([{"path":"k","type":"number","value":["1.0"]}]), true),
-        (r#"{"k": 2.0}"#, json!([{"path":"k","type":"number","value":["1.0"],"comparator":">"}]), true),
-        (r#"{"k": 2.0}"#, json!([{"path":"k","type":"number","value":["1.0"],"comparator":"<="}]), false),
-        (r#"{"k": 1.0}"#, json!([{"path":"k","type":"number","value":["1.0"],"comparator":"!="}]), false),
-        (r#"{"k": 5.0}"#, json!([{"path":"k","type":"number","value":["5.0"],"comparator":"="}]), true),
-        (r#"{"k": 10.0}"#, json!([{"path":"k","type":"number","value":["10.0"]}]), true),
+        (
+            r#"{"k": "v"}"#,
+            json!([{"path":"k","type":"string","value":["v"],"comparator":"="}]),
+            true,
+        ),
+        (
+            r#"{"k": "v"}"#,
+            json!([{"path":"k","type":"string","value":["b"],"comparator":"!="}]),
+            true,
+        ),
+        (
+            r#"{"k": "1.0"}"#,
+            json!([{"path":"k","type":"number","value":["1.0"]}]),
+            true,
+        ),
+        (
+            r#"{"k": "2.0"}"#,
+            json!([{"path":"k","type":"number","value":["1.0"],"comparator":">"}]),
+            true,
+        ),
+        (
+            r#"{"k": "2.0"}"#,
+            json!([{"path":"k","type":"number","value":["1.0"],"comparator":"<="}]),
+            false,
+        ),
+        (
+            r#"{"k": "1.0"}"#,
+            json!([{"path":"k","type":"number","value":["1.0"],"comparator":"!="}]),
+            false,
+        ),
+        (
+            r#"{"k": "5.0"}"#,
+            json!([{"path":"k","type":"number","value":["5.0"],"comparator":"="}]),
+            true,
+        ),
+        (
+            r#"{"k": "10.0"}"#,
+            json!([{"path":"k","type":"number","value":["10.0"]}]),
+            true,
+        ),
+        (
+            r#"{"k": 1.0}"#,
+            json!([{"path":"k","type":"number","value":["1.0"]}]),
+            true,
+        ),
+        (
+            r#"{"k": 2.0}"#,
+            json!([{"path":"k","type":"number","value":["1.0"],"comparator":">"}]),
+            true,
+        ),
+        (
+            r#"{"k": 2.0}"#,
+            json!([{"path":"k","type":"number","value":["1.0"],"comparator":"<="}]),
+            false,
+        ),
+        (
+            r#"{"k": 1.0}"#,
+            json!([{"path":"k","type":"number","value":["1.0"],"comparator":"!="}]),
+            false,
+        ),
+        (
+            r#"{"k": 5.0}"#,
+            json!([{"path":"k","type":"number","value":["5.0"],"comparator":"="}]),
+            true,
+        ),
+        (
+            r#"{"k": 10.0}"#,
+            json!([{"path":"k","type":"number","value":["10.0"]}]),
+            true,
+        ),
     ];
     for (i, (data, f, want)) in cases.iter().enumerate() {
-        assert_eq!(one(data, f.clone(), ""), (*want, false), "case {i}: {data} {f}");
+        assert_eq!(
+            one(data, f.clone(), ""),
+            (*want, false),
+            "case {i}: {data} {f}"
+        );
     }
     let nested = r#"{"k": true, "k1": {"k": 3.14, "k2": "hello, world"}}"#;
     // multiple filters, empty operator: `true` is the string "true", which `v` does not match
-    assert_eq!(one(nested, json!([{"path":"k","type":"string","value":["v"]},{"path":"k1.k","type":"number","value":["2.14"]},{"path":"k1.k2","type":"string","value":["hello,world","hello there"]}]), ""), (false, false));
-    assert_eq!(one(nested, json!([{"path":"k","type":"bool","value":["true"]},{"path":"k1.k","type":"number","value":["3.14"]},{"path":"k1.k2","type":"string","value":["hello,world","hello, world","hello there"]}]), "and"), (true, false));
-    assert_eq!(one(nested, json!([{"path":"k","type":"bool","value":["false"]},{"path":"k1.k","type":"number","value":["3.14"]},{"path":"k1.k2","type":"string","value":["hello,world","hello there"]}]), "or"), (true, false));
+    assert_eq!(
+        one(
+            nested,
+            json!([{"path":"k","type":"string","value":["v"]},{"path":"k1.k","type":"number","value":["2.14"]},{"path":"k1.k2","type":"string","value":["hello,world","hello there"]}]),
+            ""
+        ),
+        (false, false)
+    );
+    assert_eq!(
+        one(
+            nested,
+            json!([{"path":"k","type":"bool","value":["true"]},{"path":"k1.k","type":"number","value":["3.14"]},{"path":"k1.k2","type":"string","value":["hello,world","hello, world","hello there"]}]),
+            "and"
+        ),
+        (true, false)
+    );
+    assert_eq!(
+        one(
+            nested,
+            json!([{"path":"k","type":"bool","value":["false"]},{"path":"k1.k","type":"number","value":["3.14"]},{"path":"k1.k2","type":"string","value":["hello,world","hello there"]}]),
+            "or"
+        ),
+        (true, false)
+    );
     // gjson multipaths and regexes
-    assert_eq!(one(r#"{"k": "v", "k1": {"a": [{"k2": "v2"}]}}"#, json!([{"path":"[k,k1.a.#(k2==\"v2\").k2]","type":"string","value":["\\bv\\b.*\\bv2\\b"],"comparator":"="}]), ""), (true, false));
+    assert_eq!(
+        one(
+            r#"{"k": "v", "k1": {"a": [{"k2": "v2"}]}}"#,
+            json!([{"path":"[k,k1.a.#(k2==\"v2\").k2]","type":"string","value":["\\bv\\b.*\\bv2\\b"],"comparator":"="}]),
+            ""
+        ),
+        (true, false)
+    );
     // templates: .Input is the text at the path
-    assert_eq!(one(r#"{"k": "aGVsbG8gd29ybGQ="}"#, json!([{"path":"k","type":"string","value":["HELLO WORLD"],"template":"{{ b64dec .Input | upper }}"}]), ""), (true, false));
-    assert_eq!(one(r#"{"k": "My4xNA=="}"#, json!([{"path":"k","type":"number","value":["3.13"],"comparator":">","template":"{{ b64dec .Input }}"}]), ""), (true, false));
+    assert_eq!(
+        one(
+            r#"{"k": "aGVsbG8gd29ybGQ="}"#,
+            json!([{"path":"k","type":"string","value":["HELLO WORLD"],"template":"{{ b64dec .Input | upper }}"}]),
+            ""
+        ),
+        (true, false)
+    );
+    assert_eq!(
+        one(
+            r#"{"k": "My4xNA=="}"#,
+            json!([{"path":"k","type":"number","value":["3.13"],"comparator":">","template":"{{ b64dec .Input }}"}]),
+            ""
+        ),
+        (true, false)
+    );
     // sprig's b64dec gives the decoder's error text, which does not match
-    assert_eq!(one(r#"{"k": "aGVsbG8gd29ybGQ"}"#, json!([{"path":"k","type":"string","value":["hello world"],"template":"{{ b64dec .Input }}","comparator":"!="}]), ""), (true, false));
-    assert_eq!(one(r#"{"k": "aGVsbG8gd29ybGQ="}"#, json!([{"path":"k","type":"string","value":["world$"],"template":"{{ b64dec .Input }}"}]), ""), (true, false));
+    assert_eq!(
+        one(
+            r#"{"k": "aGVsbG8gd29ybGQ"}"#,
+            json!([{"path":"k","type":"string","value":["hello world"],"template":"{{ b64dec .Input }}","comparator":"!="}]),
+            ""
+        ),
+        (true, false)
+    );
+    assert_eq!(
+        one(
+            r#"{"k": "aGVsbG8gd29ybGQ="}"#,
+            json!([{"path":"k","type":"string","value":["world$"],"template":"{{ b64dec .Input }}"}]),
+            ""
+        ),
+        (true, false)
+    );
     // data that is not JSON is an error
     let mut e = Event::new("1", "s", "t");
     e.data = sluice_core::Data::from_bytes(bytes::Bytes::from_static(b"a"), Some("text/plain"));
@@ -93,37 +223,166 @@ fn argo_filter_data() {
 #[test]
 fn argo_filter_expr() {
     let one = |data: &str, exprs: serde_json::Value, op: &str| {
-        let f = filters(json!({"exprs": exprs, "exprLogicalOperator": if op.is_empty() { "and" } else { op }}), Logic::And)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let f = filters(
+            json!({"exprs": exprs, "exprLogicalOperator": if op.is_empty() { "and" } else { op }}),
+            Logic::And,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         eval(&f, &json_event(data))
     };
-    let x = |e: &str, fields: &[(&str, &str)]| {
-        json!({"expr": e, "fields": fields.iter().map(|(n, p)| json!({"name": n, "path": p})).collect::<Vec<_>>()})
-    };
-    assert_eq!(one("", json!([x(r#"a == "b""#, &[("a", "a")])]), ""), (true, false));
+    let x = |e: &str, fields: &[(&str, &str)]| json!({"expr": e, "fields": fields.iter().map(|(n, p)| json!({"name": n, "path": p})).collect::<Vec<_>>()});
+    assert_eq!(
+        one("", json!([x(r#"a == "b""#, &[("a", "a")])]), ""),
+        (true, false)
+    );
     let cases: &[(&str, serde_json::Value, &str, (bool, bool))] = &[
-        (r#"{"a": "b"}"#, json!([x(r#"a == "b""#, &[("a", "a")])]), "", (true, false)),
-        (r#"{"a": "c"}"#, json!([x(r#"a != "b""#, &[("a", "a")])]), "", (true, false)),
-        (r#"{"a": {"b": "c"}}"#, json!([x(r#"b == "b""#, &[("b", "a.b")])]), "", (false, false)),
-        (r#"{"a": {"b": 2}}"#, json!([x("b == 2", &[("b", "a.b")])]), "", (true, false)),
-        (r#"{"a": {"b": 2}}"#, json!([x("b < 1", &[("b", "a.b")])]), "", (false, false)),
-        (r#"{"a": {"b": "start long string"}}"#, json!([x(r#"b =~ "start""#, &[("b", "a.b")])]), "", (true, false)),
-        (r#"{"a": {"b": "long string"}}"#, json!([x(r#"b !~ "start""#, &[("b", "a.b")])]), "", (true, false)),
-        (r#"{"a": {"b": "x", "d": "y"}}"#, json!([x(r#"b == "x""#, &[("b", "a.b")]), x(r#"d == "y""#, &[("d", "a.d")])]), "", (true, false)),
-        (r#"{"a": {"b": "x", "d": "y"}}"#, json!([x(r#"b == "x""#, &[("b", "a.b")]), x(r#"d == "d""#, &[("d", "a.d")])]), "and", (false, false)),
-        (r#"{"a": {"b": "x", "d": "y"}}"#, json!([x(r#"b == "x""#, &[("b", "a.b")]), x(r#"d == "d""#, &[("d", "a.d")])]), "or", (true, false)),
-        (r#"{"a": {"b": "x", "d": "y"}}"#, json!([x(r#"b == "b""#, &[("b", "a.b")]), x(r#"c == "c""#, &[("c", "a.c")])]), "or", (false, true)),
-        (r#"{"a": {"b": "x", "d": {"e": true}}}"#, json!([x(r#"b == "x""#, &[("b", "a.b")]), x(r#"c == "c""#, &[("c", "a.c")]), x("e == true", &[("e", "a.d.e")])]), "or", (true, false)),
-        (r#"{"a": {"b": "x", "d": "y"}}"#, json!([x(r#"b == "b""#, &[("b", "a.b")]), x(r#"c == "c""#, &[("c", "a.c")])]), "", (false, false)),
-        (r#"{"a": {"b": "x", "d": "y"}}"#, json!([x(r#"b == "x""#, &[("b", "a.b")]), x(r#"c == "c""#, &[("c", "a.c")])]), "", (false, true)),
-        (r#"{"a": {"b": "x", "c": {"d": true}}}"#, json!([x(r#"b != "b" && d == true"#, &[("b", "a.b"), ("d", "a.d")])]), "", (false, true)),
-        (r#"{"a": {"b": "x", "c": {"d": true}}}"#, json!([x(r#"b != "b" && d == true"#, &[("b", "a.b"), ("d", "a.c.d")])]), "or", (true, false)),
-        (r#"{"a": {"b": "b", "c": {"d": false}}}"#, json!([x(r#"b == "b" || d == true"#, &[("b", "a.b"), ("d", "a.c.d")])]), "", (true, false)),
+        (
+            r#"{"a": "b"}"#,
+            json!([x(r#"a == "b""#, &[("a", "a")])]),
+            "",
+            (true, false),
+        ),
+        (
+            r#"{"a": "c"}"#,
+            json!([x(r#"a != "b""#, &[("a", "a")])]),
+            "",
+            (true, false),
+        ),
+        (
+            r#"{"a": {"b": "c"}}"#,
+            json!([x(r#"b == "b""#, &[("b", "a.b")])]),
+            "",
+            (false, false),
+        ),
+        (
+            r#"{"a": {"b": 2}}"#,
+            json!([x("b == 2", &[("b", "a.b")])]),
+            "",
+            (true, false),
+        ),
+        (
+            r#"{"a": {"b": 2}}"#,
+            json!([x("b < 1", &[("b", "a.b")])]),
+            "",
+            (false, false),
+        ),
+        (
+            r#"{"a": {"b": "start long string"}}"#,
+            json!([x(r#"b =~ "start""#, &[("b", "a.b")])]),
+            "",
+            (true, false),
+        ),
+        (
+            r#"{"a": {"b": "long string"}}"#,
+            json!([x(r#"b !~ "start""#, &[("b", "a.b")])]),
+            "",
+            (true, false),
+        ),
+        (
+            r#"{"a": {"b": "x", "d": "y"}}"#,
+            json!([
+                x(r#"b == "x""#, &[("b", "a.b")]),
+                x(r#"d == "y""#, &[("d", "a.d")])
+            ]),
+            "",
+            (true, false),
+        ),
+        (
+            r#"{"a": {"b": "x", "d": "y"}}"#,
+            json!([
+                x(r#"b == "x""#, &[("b", "a.b")]),
+                x(r#"d == "d""#, &[("d", "a.d")])
+            ]),
+            "and",
+            (false, false),
+        ),
+        (
+            r#"{"a": {"b": "x", "d": "y"}}"#,
+            json!([
+                x(r#"b == "x""#, &[("b", "a.b")]),
+                x(r#"d == "d""#, &[("d", "a.d")])
+            ]),
+            "or",
+            (true, false),
+        ),
+        (
+            r#"{"a": {"b": "x", "d": "y"}}"#,
+            json!([
+                x(r#"b == "b""#, &[("b", "a.b")]),
+                x(r#"c == "c""#, &[("c", "a.c")])
+            ]),
+            "or",
+            (false, true),
+        ),
+        (
+            r#"{"a": {"b": "x", "d": {"e": true}}}"#,
+            json!([
+                x(r#"b == "x""#, &[("b", "a.b")]),
+                x(r#"c == "c""#, &[("c", "a.c")]),
+                x("e == true", &[("e", "a.d.e")])
+            ]),
+            "or",
+            (true, false),
+        ),
+        (
+            r#"{"a": {"b": "x", "d": "y"}}"#,
+            json!([
+                x(r#"b == "b""#, &[("b", "a.b")]),
+                x(r#"c == "c""#, &[("c", "a.c")])
+            ]),
+            "",
+            (false, false),
+        ),
+        (
+            r#"{"a": {"b": "x", "d": "y"}}"#,
+            json!([
+                x(r#"b == "x""#, &[("b", "a.b")]),
+                x(r#"c == "c""#, &[("c", "a.c")])
+            ]),
+            "",
+            (false, true),
+        ),
+        (
+            r#"{"a": {"b": "x", "c": {"d": true}}}"#,
+            json!([x(r#"b != "b" && d == true"#, &[("b", "a.b"), ("d", "a.d")])]),
+            "",
+            (false, true),
+        ),
+        (
+            r#"{"a": {"b": "x", "c": {"d": true}}}"#,
+            json!([x(
+                r#"b != "b" && d == true"#,
+                &[("b", "a.b"), ("d", "a.c.d")]
+            )]),
+            "or",
+            (true, false),
+        ),
+        (
+            r#"{"a": {"b": "b", "c": {"d": false}}}"#,
+            json!([x(
+                r#"b == "b" || d == true"#,
+                &[("b", "a.b"), ("d", "a.c.d")]
+            )]),
+            "",
+            (true, false),
+        ),
         // `e` has no field but is never reached
-        (r#"{"a": {"b": "b", "c": {"d": false}, "e": 2}}"#, json!([x(r#"b == "b" || (d == true && e == 2)"#, &[("b", "a.b"), ("d", "a.c.d")])]), "", (true, false)),
+        (
+            r#"{"a": {"b": "b", "c": {"d": false}, "e": 2}}"#,
+            json!([x(
+                r#"b == "b" || (d == true && e == 2)"#,
+                &[("b", "a.b"), ("d", "a.c.d")]
+            )]),
+            "",
+            (true, false),
+        ),
     ];
     for (i, (data, exprs, op, want)) in cases.iter().enumerate() {
-        assert_eq!(one(data, exprs.clone(), op), *want, "case {i}: {data} {exprs}");
+        assert_eq!(
+            one(data, exprs.clone(), op),
+            *want,
+            "case {i}: {data} {exprs}"
+        );
     }
 }
 
@@ -140,53 +399,160 @@ fn argo_filter_context_and_time() {
     assert_eq!(eval(&ctx(json!({"type": "webhook"})), &e), (false, false));
     e.ty = "webhook".into();
     e.source = "webhook-gateway".into();
-    assert_eq!(eval(&ctx(json!({"type": "webhook", "source": "webhook-gateway"})), &e), (true, false));
+    assert_eq!(
+        eval(
+            &ctx(json!({"type": "webhook", "source": "webhook-gateway"})),
+            &e
+        ),
+        (true, false)
+    );
 
-    let times = ["00:00:00", "04:05:06", "08:09:10", "12:13:14", "16:17:18", "20:21:22"];
+    let times = [
+        "00:00:00", "04:05:06", "08:09:10", "12:13:14", "16:17:18", "20:21:22",
+    ];
     let window = |start: &str, stop: &str| {
         let f = filters(json!({"time": {"start": start, "stop": stop}}), Logic::And).unwrap();
         times.map(|t| eval(&f, &at(&format!("2024-07-15T{t}Z"))).0)
     };
-    assert_eq!(window("08:09:10", "16:17:18"), [false, false, true, true, false, false]);
-    assert_eq!(window("16:17:18", "08:09:10"), [true, true, false, false, true, true]);
+    assert_eq!(
+        window("08:09:10", "16:17:18"),
+        [false, false, true, true, false, false]
+    );
+    assert_eq!(
+        window("16:17:18", "08:09:10"),
+        [true, true, false, false, true, true]
+    );
 
     let tz = |t: &str, start: &str, stop: &str, zone: &str| {
-        let f = filters(json!({"time": {"start": start, "stop": stop, "timezone": zone}}), Logic::And).unwrap();
+        let f = filters(
+            json!({"time": {"start": start, "stop": stop, "timezone": zone}}),
+            Logic::And,
+        )
+        .unwrap();
         eval(&f, &at(t)).0
     };
     assert!(tz("2024-07-15T10:00:00Z", "09:00:00", "17:00:00", ""));
-    assert!(tz("2024-07-15T14:00:00Z", "09:00:00", "17:00:00", "America/New_York"));
-    assert!(!tz("2024-07-15T12:00:00Z", "09:00:00", "17:00:00", "America/New_York"));
-    assert!(!tz("2024-07-15T22:00:00Z", "09:00:00", "17:00:00", "America/New_York"));
-    assert!(tz("2024-07-15T10:00:00Z", "10:00:00", "18:00:00", "Europe/London"));
-    assert!(tz("2024-07-15T01:00:00Z", "09:00:00", "17:00:00", "Asia/Tokyo"));
-    assert!(tz("2024-07-15T02:00:00Z", "22:00:00", "06:00:00", "America/New_York"));
-    assert!(tz("2024-01-15T15:00:00Z", "09:00:00", "17:00:00", "America/New_York"));
-    let bad = filters(json!({"time": {"start": "09:00:00", "stop": "17:00:00", "timezone": "Invalid/Timezone"}}), Logic::And).unwrap_err();
+    assert!(tz(
+        "2024-07-15T14:00:00Z",
+        "09:00:00",
+        "17:00:00",
+        "America/New_York"
+    ));
+    assert!(!tz(
+        "2024-07-15T12:00:00Z",
+        "09:00:00",
+        "17:00:00",
+        "America/New_York"
+    ));
+    assert!(!tz(
+        "2024-07-15T22:00:00Z",
+        "09:00:00",
+        "17:00:00",
+        "America/New_York"
+    ));
+    assert!(tz(
+        "2024-07-15T10:00:00Z",
+        "10:00:00",
+        "18:00:00",
+        "Europe/London"
+    ));
+    assert!(tz(
+        "2024-07-15T01:00:00Z",
+        "09:00:00",
+        "17:00:00",
+        "Asia/Tokyo"
+    ));
+    assert!(tz(
+        "2024-07-15T02:00:00Z",
+        "22:00:00",
+        "06:00:00",
+        "America/New_York"
+    ));
+    assert!(tz(
+        "2024-01-15T15:00:00Z",
+        "09:00:00",
+        "17:00:00",
+        "America/New_York"
+    ));
+    let bad = filters(
+        json!({"time": {"start": "09:00:00", "stop": "17:00:00", "timezone": "Invalid/Timezone"}}),
+        Logic::And,
+    )
+    .unwrap_err();
     assert!(bad.contains("not an IANA time zone"), "{bad}");
-    assert!(filters(json!({"time": {"start": "09:09:0", "stop": "19:19:19"}}), Logic::And).is_err());
-    assert!(filters(json!({"time": {"start": "09:09:09", "stop": "10:10"}}), Logic::And).is_err());
-    assert!(filters(json!({"time": {"start": "09:09:09", "stop": "09:09:09"}}), Logic::And).is_err());
+    assert!(filters(
+        json!({"time": {"start": "09:09:0", "stop": "19:19:19"}}),
+        Logic::And
+    )
+    .is_err());
+    assert!(filters(
+        json!({"time": {"start": "09:09:09", "stop": "10:10"}}),
+        Logic::And
+    )
+    .is_err());
+    assert!(filters(
+        json!({"time": {"start": "09:09:09", "stop": "09:09:09"}}),
+        Logic::And
+    )
+    .is_err());
 }
 
 // pkg/sensors/dependencies/filter_test.go :: TestFilter (filtersLogicalOperator)
 #[test]
 fn argo_filters_logical_operator() {
-    let e = || json_event(r#"{"k": "v"}"#).with_time(Timestamp::parse("2024-07-15T16:36:34Z").unwrap());
+    let e =
+        || json_event(r#"{"k": "v"}"#).with_time(Timestamp::parse("2024-07-15T16:36:34Z").unwrap());
     let f = |cfg: serde_json::Value, op: Logic| filters(cfg, op).unwrap();
     let ctx_ok = json!({"type": "webhook", "source": "webhook-gateway"});
     let dz = json!([{"path": "z", "type": "string", "value": ["v"]}]);
     assert_eq!(eval(&f(json!({}), Logic::And), &e()), (true, false));
-    assert_eq!(eval(&f(json!({"data": [{"path":"k","type":"string","value":["v"]}]}), Logic::And), &e()), (true, false));
-    assert_eq!(eval(&f(json!({"data": dz}), Logic::And), &e()), (false, true));
-    assert_eq!(eval(&f(json!({"context": ctx_ok, "data": [{"path":"k","type":"string","value":["z"]}]}), Logic::And), &e()), (false, false));
-    assert_eq!(eval(&f(json!({"context": {"type":"webhook","source":"webhook-fake"}, "data": [{"path":"k","type":"string","value":["v"]}]}), Logic::And), &e()), (false, false));
-    assert_eq!(eval(&f(json!({"context": ctx_ok, "data": dz}), Logic::And), &e()), (false, true));
+    assert_eq!(
+        eval(
+            &f(
+                json!({"data": [{"path":"k","type":"string","value":["v"]}]}),
+                Logic::And
+            ),
+            &e()
+        ),
+        (true, false)
+    );
+    assert_eq!(
+        eval(&f(json!({"data": dz}), Logic::And), &e()),
+        (false, true)
+    );
+    assert_eq!(
+        eval(
+            &f(
+                json!({"context": ctx_ok, "data": [{"path":"k","type":"string","value":["z"]}]}),
+                Logic::And
+            ),
+            &e()
+        ),
+        (false, false)
+    );
+    assert_eq!(
+        eval(
+            &f(
+                json!({"context": {"type":"webhook","source":"webhook-fake"}, "data": [{"path":"k","type":"string","value":["v"]}]}),
+                Logic::And
+            ),
+            &e()
+        ),
+        (false, false)
+    );
+    assert_eq!(
+        eval(&f(json!({"context": ctx_ok, "data": dz}), Logic::And), &e()),
+        (false, true)
+    );
     // or: passes with an error at the same time
-    assert_eq!(eval(&f(json!({"context": ctx_ok, "data": dz}), Logic::Or), &e()), (true, true));
+    assert_eq!(
+        eval(&f(json!({"context": ctx_ok, "data": dz}), Logic::Or), &e()),
+        (true, true)
+    );
 
     let adv = || {
-        let mut ev = Event::new("1", "s", "t").with_json(r#"{ "a": "x", "b": 10, "c": { "d": "hello world", "e": false } }"#);
+        let mut ev = Event::new("1", "s", "t")
+            .with_json(r#"{ "a": "x", "b": 10, "c": { "d": "hello world", "e": false } }"#);
         ev.time = Some(Timestamp::parse("2024-07-15T16:36:34Z").unwrap());
         ev
     };
@@ -194,24 +560,52 @@ fn argo_filters_logical_operator() {
     let x = |e: &str, n: &str, p: &str| json!({"expr": e, "fields": [{"name": n, "path": p}]});
     let cases = [
         // (A && B) && (C && D)
-        (json!({"data": [d("a","string","x"), d("b","number","10")], "exprs": [x("d == \"hello world\"","d","c.d"), x("e == false","e","c.e")]}), Logic::And, (true, false)),
+        (
+            json!({"data": [d("a","string","x"), d("b","number","10")], "exprs": [x("d == \"hello world\"","d","c.d"), x("e == false","e","c.e")]}),
+            Logic::And,
+            (true, false),
+        ),
         // (A && B) || (C && D)
-        (json!({"data": [d("a","string","x"), d("b","number","10")], "exprs": [x("d == \"hello world\"","d","c.d"), x("e == true","e","c.e")]}), Logic::Or, (true, false)),
+        (
+            json!({"data": [d("a","string","x"), d("b","number","10")], "exprs": [x("d == \"hello world\"","d","c.d"), x("e == true","e","c.e")]}),
+            Logic::Or,
+            (true, false),
+        ),
         // (A || B) && (C || D)
-        (json!({"data": [d("a","string","x"), d("b","number","11")], "dataLogicalOperator": "or", "exprs": [x("d == \"hello world\"","d","c.d"), x("e == true","e","c.e")], "exprLogicalOperator": "or"}), Logic::And, (true, false)),
+        (
+            json!({"data": [d("a","string","x"), d("b","number","11")], "dataLogicalOperator": "or", "exprs": [x("d == \"hello world\"","d","c.d"), x("e == true","e","c.e")], "exprLogicalOperator": "or"}),
+            Logic::And,
+            (true, false),
+        ),
         // (A || B) || (C || D)
-        (json!({"data": [d("a","string","y"), d("b","number","11")], "dataLogicalOperator": "or", "exprs": [x("d == \"hello world\"","d","c.d"), x("e == false","e","c.e")], "exprLogicalOperator": "or"}), Logic::Or, (true, false)),
+        (
+            json!({"data": [d("a","string","y"), d("b","number","11")], "dataLogicalOperator": "or", "exprs": [x("d == \"hello world\"","d","c.d"), x("e == false","e","c.e")], "exprLogicalOperator": "or"}),
+            Logic::Or,
+            (true, false),
+        ),
         // (A && B) && (C || D)
-        (json!({"data": [d("a","string","x"), d("b","number","11")], "exprs": [x("d == \"hello everybody\"","d","c.d"), x("e == true","e","c.e")], "exprLogicalOperator": "or"}), Logic::And, (false, false)),
+        (
+            json!({"data": [d("a","string","x"), d("b","number","11")], "exprs": [x("d == \"hello everybody\"","d","c.d"), x("e == true","e","c.e")], "exprLogicalOperator": "or"}),
+            Logic::And,
+            (false, false),
+        ),
         // (A || B) && (C && D) with a missing path
-        (json!({"data": [d("a","string","x"), d("b","number","10")], "dataLogicalOperator": "or", "exprs": [x("f == \"hello world\"","f","c.f"), x("e == false","e","c.e")]}), Logic::And, (false, true)),
+        (
+            json!({"data": [d("a","string","x"), d("b","number","10")], "dataLogicalOperator": "or", "exprs": [x("f == \"hello world\"","f","c.f"), x("e == false","e","c.e")]}),
+            Logic::And,
+            (false, true),
+        ),
     ];
     for (i, (cfg, op, want)) in cases.into_iter().enumerate() {
         assert_eq!(eval(&f(cfg.clone(), op), &adv()), want, "case {i}: {cfg}");
     }
     // or with only some families given: the others do not count as passing
-    let only = f(json!({"exprs": [x("A == \"not-valid\"","A","a.b")], "data": [d("a.d.e.f","string","not-valid")], "dataLogicalOperator": "or"}), Logic::Or);
-    let ev = Event::new("1", "s", "t").with_json(r#"{"a":{"b":"c","d":{"e":{"f":"g"}},"h":{"i":"j"}}}"#);
+    let only = f(
+        json!({"exprs": [x("A == \"not-valid\"","A","a.b")], "data": [d("a.d.e.f","string","not-valid")], "dataLogicalOperator": "or"}),
+        Logic::Or,
+    );
+    let ev =
+        Event::new("1", "s", "t").with_json(r#"{"a":{"b":"c","d":{"e":{"f":"g"}},"h":{"i":"j"}}}"#);
     assert_eq!(eval(&only, &ev), (false, false));
 }
 
@@ -231,30 +625,74 @@ fn text(r: Resolved) -> String {
 // pkg/sensors/triggers/params_test.go :: TestResolveParamValue
 #[test]
 fn argo_resolve_param_value() {
-    let e = json_event(r#"{"name": {"first": "fake", "last": "user"}, "reviews": 8, "rating": 4.5, "isActive" : true, "isVerified" : false, "countries": ["ca", "us", "mx"]}"#);
+    let e = json_event(
+        r#"{"name": {"first": "fake", "last": "user"}, "reviews": 8, "rating": 4.5, "isActive" : true, "isVerified" : false, "countries": ["ca", "us", "mx"]}"#,
+    );
     let r = |src: serde_json::Value| {
         let mut src = src;
         src["dependencyName"] = json!("fake-dependency");
-        text(param(json!({"src": src, "dest": "x"})).resolve(Some(&e)).unwrap())
+        text(
+            param(json!({"src": src, "dest": "x"}))
+                .resolve(Some(&e))
+                .unwrap(),
+        )
     };
     assert_eq!(r(json!({"dataKey": "name.first"})), "fake");
     assert_eq!(r(json!({"contextKey": "subject"})), "example-1");
     let whole: serde_json::Value = serde_json::from_str(&r(json!({}))).unwrap();
     assert_eq!(whole["context"]["id"], "1");
-    assert_eq!(whole["data"]["name"]["first"], "fake", "Sluice gives data as JSON, not base64");
+    assert_eq!(
+        whole["data"]["name"]["first"], "fake",
+        "Sluice gives data as JSON, not base64"
+    );
     assert_eq!(r(json!({"value": "hello"})), "hello");
-    assert_eq!(r(json!({"contextKey": "subject", "dataKey": "name.first"})), "fake");
-    assert_eq!(r(json!({"dataTemplate": "{{ .Input.name.first }}"})), "fake");
-    assert_eq!(r(json!({"dataTemplate": "{{ upper .Input.name.first }}"})), "FAKE");
-    assert_eq!(r(json!({"contextTemplate": "{{ .Input.subject }}"})), "example-1");
-    assert_eq!(r(json!({"contextTemplate": "{{ .Input.subject | replace \"-\" \"_\" }}"})), "example_1");
-    assert_eq!(r(json!({"contextTemplate": "{{ .Input.subject }}", "dataTemplate": "{{ .Input.name.first }}"})), "fake");
-    assert_eq!(r(json!({"dataTemplate": "{{ .Input.name.non_exist }}", "dataKey": "name.first"})), "fake");
-    assert_eq!(r(json!({"dataKey": "name.first", "useRawData": true})), "fake");
-    assert_eq!(r(json!({"dataKey": "name", "useRawData": true})), r#"{"first":"fake","last":"user"}"#);
-    assert_eq!(r(json!({"dataKey": "countries", "useRawData": true})), r#"["ca","us","mx"]"#);
+    assert_eq!(
+        r(json!({"contextKey": "subject", "dataKey": "name.first"})),
+        "fake"
+    );
+    assert_eq!(
+        r(json!({"dataTemplate": "{{ .Input.name.first }}"})),
+        "fake"
+    );
+    assert_eq!(
+        r(json!({"dataTemplate": "{{ upper .Input.name.first }}"})),
+        "FAKE"
+    );
+    assert_eq!(
+        r(json!({"contextTemplate": "{{ .Input.subject }}"})),
+        "example-1"
+    );
+    assert_eq!(
+        r(json!({"contextTemplate": "{{ .Input.subject | replace \"-\" \"_\" }}"})),
+        "example_1"
+    );
+    assert_eq!(
+        r(
+            json!({"contextTemplate": "{{ .Input.subject }}", "dataTemplate": "{{ .Input.name.first }}"})
+        ),
+        "fake"
+    );
+    assert_eq!(
+        r(json!({"dataTemplate": "{{ .Input.name.non_exist }}", "dataKey": "name.first"})),
+        "fake"
+    );
+    assert_eq!(
+        r(json!({"dataKey": "name.first", "useRawData": true})),
+        "fake"
+    );
+    assert_eq!(
+        r(json!({"dataKey": "name", "useRawData": true})),
+        r#"{"first":"fake","last":"user"}"#
+    );
+    assert_eq!(
+        r(json!({"dataKey": "countries", "useRawData": true})),
+        r#"["ca","us","mx"]"#
+    );
     // `{{ no }}` does not parse: refused at validation (Argo falls back to the key at run time)
-    let bad: ParamConfig = serde_json::from_value(json!({"src": {"dependencyName": "d", "dataTemplate": "{{ no }}"}, "dest": "x"})).unwrap();
+    let bad: ParamConfig = serde_json::from_value(
+        json!({"src": {"dependencyName": "d", "dataTemplate": "{{ no }}"}, "dest": "x"}),
+    )
+    .unwrap();
     assert!(crate::params::Param::compile(&bad, 0, "p").is_err());
 }
 
@@ -274,9 +712,19 @@ fn argo_construct_payload_and_apply_params() {
         .unwrap()
     };
     let events = vec![
-        (0, Event::new("1", "webhook-gateway", "webhook").with_json(r#"{"firstName": "fake"}"#)),
-        (1, Event::new("2", "calendar-gateway", "calendar").with_json(r#"{"lastName": "foo"}"#)),
-        (2, Event::new("3", "x", "y").with_json(r#"{"age": 100, "isActive": false, "countries": ["ca", "us", "mx"]}"#)),
+        (
+            0,
+            Event::new("1", "webhook-gateway", "webhook").with_json(r#"{"firstName": "fake"}"#),
+        ),
+        (
+            1,
+            Event::new("2", "calendar-gateway", "calendar").with_json(r#"{"lastName": "foo"}"#),
+        ),
+        (
+            2,
+            Event::new("3", "x", "y")
+                .with_json(r#"{"age": 100, "isActive": false, "countries": ["ca", "us", "mx"]}"#),
+        ),
     ];
     let p = |dep: &str, key: &str, value: Option<&str>, raw: bool, dest: &str| {
         let mut src = json!({"dependencyName": dep, "dataKey": key, "useRawData": raw});
@@ -285,14 +733,28 @@ fn argo_construct_payload_and_apply_params() {
         }
         json!({"src": src, "dest": dest})
     };
-    let payload = |first: &str, last: &str| json!([
-        p("fake-dependency", first, Some("faker"), false, "firstName"),
-        p("another-fake-dependency", last, Some("bar"), false, "lastName"),
-        p("use-event-data-type", "age", None, true, "age"),
-        p("use-event-data-type", "isActive", None, true, "isActive"),
-        p("use-event-data-type", "age", None, false, "typelessAge"),
-        p("use-event-data-type", "isActive", None, false, "typelessIsActive"),
-    ]);
+    let payload = |first: &str, last: &str| {
+        json!([
+            p("fake-dependency", first, Some("faker"), false, "firstName"),
+            p(
+                "another-fake-dependency",
+                last,
+                Some("bar"),
+                false,
+                "lastName"
+            ),
+            p("use-event-data-type", "age", None, true, "age"),
+            p("use-event-data-type", "isActive", None, true, "isActive"),
+            p("use-event-data-type", "age", None, false, "typelessAge"),
+            p(
+                "use-event-data-type",
+                "isActive",
+                None,
+                false,
+                "typelessIsActive"
+            ),
+        ])
+    };
     let build = |payload: serde_json::Value| {
         let s = crate::run::Sensor::compile(&cfg(payload), "s").unwrap();
         let out = s.outputs_for_test(0, &events).unwrap();
@@ -303,10 +765,18 @@ fn argo_construct_payload_and_apply_params() {
         json!({"firstName":"fake","lastName":"foo","age":100,"isActive":false,"typelessAge":"100","typelessIsActive":"false"})
     );
     let fallback = build(payload("unknown", "unknown"));
-    assert_eq!((fallback["firstName"].as_str(), fallback["lastName"].as_str()), (Some("faker"), Some("bar")));
+    assert_eq!(
+        (
+            fallback["firstName"].as_str(),
+            fallback["lastName"].as_str()
+        ),
+        (Some("faker"), Some("bar"))
+    );
 
     // TestApplyParams
-    let e = json_event(r#"{"name": {"first": "fake", "last": "user"}, "age": 100, "countries": ["ca", "us", "mx"] }"#);
+    let e = json_event(
+        r#"{"name": {"first": "fake", "last": "user"}, "age": 100, "countries": ["ca", "us", "mx"] }"#,
+    );
     let apply = |ps: &[serde_json::Value], doc: &str| {
         let mut doc: serde_json::Value = serde_json::from_str(doc).unwrap();
         for pc in ps {
@@ -318,31 +788,84 @@ fn argo_construct_payload_and_apply_params() {
         doc
     };
     let q = |key: &str, raw: bool, dest: &str, op: &str| json!({"src": {"dependencyName": "d", "dataKey": key, "useRawData": raw}, "dest": dest, "operation": op});
-    assert_eq!(apply(&[q("name.first", false, "name", "overwrite")], r#"{"name": "faker"}"#), json!({"name": "fake"}));
-    assert_eq!(apply(&[q("name.first", false, "name", "prepend")], r#"{"name": "faker"}"#), json!({"name": "fakefaker"}));
-    assert_eq!(apply(&[q("name.first", false, "name", "append")], r#"{"name": "faker"}"#), json!({"name": "fakerfake"}));
-    assert_eq!(apply(&[q("name", false, "name", "overwrite")], r#"{"name": "faker"}"#), json!({"name": r#"{"first": "fake", "last": "user"}"#}));
-    assert_eq!(apply(&[q("name", true, "name", "overwrite")], r#"{"name": "faker"}"#), json!({"name": {"first": "fake", "last": "user"}}));
     assert_eq!(
-        apply(&[q("age", true, "age", "overwrite"), q("age", true, "ageWithYears", "append"), q("countries", true, "countries", "append")], r#"{"age": "this-gets-over-written", "ageWithYears": "Years: "}"#),
+        apply(
+            &[q("name.first", false, "name", "overwrite")],
+            r#"{"name": "faker"}"#
+        ),
+        json!({"name": "fake"})
+    );
+    assert_eq!(
+        apply(
+            &[q("name.first", false, "name", "prepend")],
+            r#"{"name": "faker"}"#
+        ),
+        json!({"name": "fakefaker"})
+    );
+    assert_eq!(
+        apply(
+            &[q("name.first", false, "name", "append")],
+            r#"{"name": "faker"}"#
+        ),
+        json!({"name": "fakerfake"})
+    );
+    assert_eq!(
+        apply(
+            &[q("name", false, "name", "overwrite")],
+            r#"{"name": "faker"}"#
+        ),
+        json!({"name": r#"{"first": "fake", "last": "user"}"#})
+    );
+    assert_eq!(
+        apply(
+            &[q("name", true, "name", "overwrite")],
+            r#"{"name": "faker"}"#
+        ),
+        json!({"name": {"first": "fake", "last": "user"}})
+    );
+    assert_eq!(
+        apply(
+            &[
+                q("age", true, "age", "overwrite"),
+                q("age", true, "ageWithYears", "append"),
+                q("countries", true, "countries", "append")
+            ],
+            r#"{"age": "this-gets-over-written", "ageWithYears": "Years: "}"#
+        ),
         json!({"age": 100, "ageWithYears": "Years: 100", "countries": ["ca", "us", "mx"]})
     );
     // TestConstructPayload_NullValue
     let n = json_event(r#"{"nullable_key": null, "other_key": "value"}"#);
-    let pr = param(json!({"src": {"dependencyName": "d", "dataKey": "nullable_key", "useRawData": true}, "dest": "nullable_key"}));
-    assert_eq!(pr.resolve(Some(&n)).unwrap(), Resolved::Value(serde_json::Value::Null));
+    let pr = param(
+        json!({"src": {"dependencyName": "d", "dataKey": "nullable_key", "useRawData": true}, "dest": "nullable_key"}),
+    );
+    assert_eq!(
+        pr.resolve(Some(&n)).unwrap(),
+        Resolved::Value(serde_json::Value::Null)
+    );
 }
 
 // pkg/shared/util/retry_test.go and Convert2WaitBackoff: absent = one attempt, steps 0 = 5
 #[test]
 fn argo_retry_defaults() {
-    let r = |v: serde_json::Value| Retry::from(&serde_json::from_value(v).unwrap(), "retryStrategy").unwrap();
+    let r = |v: serde_json::Value| {
+        Retry::from(&serde_json::from_value(v).unwrap(), "retryStrategy").unwrap()
+    };
     assert_eq!(Retry::from(&None, "r").unwrap().attempts, 1);
     let d = r(json!({}));
-    assert_eq!((d.attempts, d.first, d.factor, d.jitter), (5, Duration::from_secs(1), 1.0, 1.0));
+    assert_eq!(
+        (d.attempts, d.first, d.factor, d.jitter),
+        (5, Duration::from_secs(1), 1.0, 1.0)
+    );
     let d = r(json!({"steps": 3, "duration": "200ms", "factor": 2, "jitter": "0.1"}));
-    assert_eq!((d.attempts, d.first, d.factor, d.jitter), (3, Duration::from_millis(200), 2.0, 0.1));
-    assert_eq!(r(json!({"duration": 1_000_000})).first, Duration::from_millis(1));
+    assert_eq!(
+        (d.attempts, d.first, d.factor, d.jitter),
+        (3, Duration::from_millis(200), 2.0, 0.1)
+    );
+    assert_eq!(
+        r(json!({"duration": 1_000_000})).first,
+        Duration::from_millis(1)
+    );
     assert_eq!(d.delay(0, 0.0), Duration::from_millis(200));
     assert_eq!(d.delay(2, 0.0), Duration::from_millis(800));
     assert!(d.delay(0, 0.99) < Duration::from_millis(221));
@@ -356,7 +879,11 @@ fn sensor(cfg: serde_json::Value) -> Box<SensorConfig> {
     Box::new(c)
 }
 
-async fn start(rig: &mut ProcessorRig, name: &str, cfg: serde_json::Value) -> tokio::task::JoinHandle<()> {
+async fn start(
+    rig: &mut ProcessorRig,
+    name: &str,
+    cfg: serde_json::Value,
+) -> tokio::task::JoinHandle<()> {
     let running = sensor(cfg).build(rig.context(name)).await.unwrap();
     tokio::spawn(async move {
         running.await.unwrap();
@@ -403,36 +930,88 @@ async fn fires_once_when_both_dependencies_arrived_with_the_payload_built() {
     let mut api = rig.capture_of("api");
     let task = start(&mut rig, "rel", release_cfg()).await;
     // One dependency alone: kept, acknowledged, nothing fired.
-    let o = rig.sender_of("gh").send(vec![push("p1", "refs/heads/main", "c1")]).await.await;
+    let o = rig
+        .sender_of("gh")
+        .send(vec![push("p1", "refs/heads/main", "c1")])
+        .await
+        .await;
     assert!(o.is_delivered());
     // Filtered out (other branch, too small): acknowledged, not kept.
-    assert!(rig.sender_of("gh").send(vec![push("p2", "refs/heads/dev", "c2")]).await.await.is_delivered());
+    assert!(rig
+        .sender_of("gh")
+        .send(vec![push("p2", "refs/heads/dev", "c2")])
+        .await
+        .await
+        .is_delivered());
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(api.try_next().is_none(), "fired on one dependency");
     // The latest push wins (Argo: a10 and b1 fire).
-    assert!(rig.sender_of("gh").send(vec![push("p3", "refs/heads/main", "c3")]).await.await.is_delivered());
+    assert!(rig
+        .sender_of("gh")
+        .send(vec![push("p3", "refs/heads/main", "c3")])
+        .await
+        .await
+        .is_delivered());
     let fired = rig.sender_of("cron").send(vec![nightly("n1")]).await;
     let item = api.next_within(Duration::from_secs(5)).await;
-    assert_eq!(data(&item.event), json!({"commit": "c3", "built_at": "2026-12-01T02:00:00Z", "branch": "main"}));
+    assert_eq!(
+        data(&item.event),
+        json!({"commit": "c3", "built_at": "2026-12-01T02:00:00Z", "branch": "main"})
+    );
     assert_eq!(item.event.ty, "sluice.sensor.submit");
     assert_eq!(item.event.source, "/sensors/rel");
     let id = item.event.id.clone();
     item.delivery.delivered();
     assert!(fired.await.is_delivered());
     // State was cleared: another nightly alone does not fire.
-    assert!(rig.sender_of("cron").send(vec![nightly("n2")]).await.await.is_delivered());
+    assert!(rig
+        .sender_of("cron")
+        .send(vec![nightly("n2")])
+        .await
+        .await
+        .is_delivered());
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(api.try_next().is_none(), "fired again without a new push");
     // (p3 again would be a duplicate at the feed, never reaching the sensor.)
-    assert!(rig.sender_of("gh").send(vec![push("p4", "refs/heads/main", "c4")]).await.await.is_delivered());
+    assert!(rig
+        .sender_of("gh")
+        .send(vec![push("p4", "refs/heads/main", "c4")])
+        .await
+        .await
+        .is_delivered());
     let again = api.next_within(Duration::from_secs(5)).await;
     assert_eq!(data(&again.event)["commit"], "c4");
-    assert_ne!(again.event.id, id, "the output id is made from other inputs");
+    assert_ne!(
+        again.event.id, id,
+        "the output id is made from other inputs"
+    );
     again.delivery.delivered();
     rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
-    assert!(metric("sluice_sensor_dependency_events_total", &[("sensor", "rel"), ("dependency", "push"), ("result", "filtered"), ("family", "data")]) >= 1.0);
-    assert!(metric("sluice_sensor_triggers_total", &[("sensor", "rel"), ("trigger", "submit"), ("result", "fired")]) >= 2.0);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        metric(
+            "sluice_sensor_dependency_events_total",
+            &[
+                ("sensor", "rel"),
+                ("dependency", "push"),
+                ("result", "filtered"),
+                ("family", "data")
+            ]
+        ) >= 1.0
+    );
+    assert!(
+        metric(
+            "sluice_sensor_triggers_total",
+            &[
+                ("sensor", "rel"),
+                ("trigger", "submit"),
+                ("result", "fired")
+            ]
+        ) >= 2.0
+    );
 }
 
 #[tokio::test]
@@ -445,17 +1024,29 @@ async fn pure_or_fires_per_event_and_without_payload_forwards_the_event() {
                       "parameters": [{"src": {"dependencyName": "dep-a", "dataKey": "k", "value": "none"}, "dest": "subject"}]}]
     })).await;
     for (feed, id) in [("a", "1"), ("b", "2"), ("a", "3")] {
-        let p = rig.sender_of(feed).send(vec![Event::new(id, "/s", "t").with_json(format!(r#"{{"k":"v{id}"}}"#))]).await;
+        let p = rig
+            .sender_of(feed)
+            .send(vec![
+                Event::new(id, "/s", "t").with_json(format!(r#"{{"k":"v{id}"}}"#))
+            ])
+            .await;
         let item = out.next_within(Duration::from_secs(5)).await;
         assert_eq!(item.event.id, id, "the event itself is forwarded");
         // dep-b's events have no dep-a event: the parameter's value is the fallback.
-        let want = if feed == "a" { format!("v{id}") } else { "none".into() };
+        let want = if feed == "a" {
+            format!("v{id}")
+        } else {
+            "none".into()
+        };
         assert_eq!(item.event.subject.as_deref(), Some(want.as_str()));
         item.delivery.delivered();
         assert!(p.await.is_delivered());
     }
     rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -463,9 +1054,17 @@ async fn partial_state_survives_a_restart() {
     let store = {
         let mut rig = ProcessorRig::addressing("rel", &["gh", "cron"], &["api"]);
         let task = start(&mut rig, "rel", release_cfg()).await;
-        assert!(rig.sender_of("gh").send(vec![push("p1", "refs/heads/main", "c1")]).await.await.is_delivered());
+        assert!(rig
+            .sender_of("gh")
+            .send(vec![push("p1", "refs/heads/main", "c1")])
+            .await
+            .await
+            .is_delivered());
         rig.close();
-        tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
         rig.state.clone()
     };
     let mut rig = ProcessorRig::addressing("rel", &["gh", "cron"], &["api"]);
@@ -474,7 +1073,11 @@ async fn partial_state_survives_a_restart() {
     let task = start(&mut rig, "rel", release_cfg()).await;
     let p = rig.sender_of("cron").send(vec![nightly("n1")]).await;
     let item = api.next_within(Duration::from_secs(5)).await;
-    assert_eq!(data(&item.event)["commit"], "c1", "the push kept across the restart");
+    assert_eq!(
+        data(&item.event)["commit"],
+        "c1",
+        "the push kept across the restart"
+    );
     item.delivery.delivered();
     assert!(p.await.is_delivered());
     // Fired: the saved entry is gone.
@@ -482,24 +1085,40 @@ async fn partial_state_survives_a_restart() {
     rig.state.scan("sensor.rel", &mut |_, _| left += 1).unwrap();
     assert_eq!(left, 0);
     rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
 async fn entries_older_than_the_last_reset_tick_are_dropped_at_start() {
     let mut cfg = release_cfg();
-    cfg["triggers"][0]["conditionsReset"] = json!([{"byTime": {"cron": "0 0 * * *", "timezone": "UTC"}}]);
+    cfg["triggers"][0]["conditionsReset"] =
+        json!([{"byTime": {"cron": "0 0 * * *", "timezone": "UTC"}}]);
     let store = {
         let mut rig = ProcessorRig::addressing("rel", &["gh", "cron"], &["api"]);
         let task = start(&mut rig, "rel", cfg.clone()).await;
-        assert!(rig.sender_of("gh").send(vec![push("p1", "refs/heads/main", "c1")]).await.await.is_delivered());
+        assert!(rig
+            .sender_of("gh")
+            .send(vec![push("p1", "refs/heads/main", "c1")])
+            .await
+            .await
+            .is_delivered());
         rig.close();
-        tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
         rig.state.clone()
     };
     // Age the saved entry to before the last midnight.
     let mut rows = Vec::new();
-    store.scan("sensor.rel", &mut |k, v| rows.push((k.to_vec(), v.to_vec()))).unwrap();
+    store
+        .scan("sensor.rel", &mut |k, v| {
+            rows.push((k.to_vec(), v.to_vec()))
+        })
+        .unwrap();
     assert_eq!(rows.len(), 1);
     let (k, mut v) = rows.pop().unwrap();
     v[..8].copy_from_slice(&0u64.to_be_bytes());
@@ -508,11 +1127,22 @@ async fn entries_older_than_the_last_reset_tick_are_dropped_at_start() {
     rig.state = store;
     let mut api = rig.capture_of("api");
     let task = start(&mut rig, "rel", cfg).await;
-    assert!(rig.sender_of("cron").send(vec![nightly("n1")]).await.await.is_delivered());
+    assert!(rig
+        .sender_of("cron")
+        .send(vec![nightly("n1")])
+        .await
+        .await
+        .is_delivered());
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(api.try_next().is_none(), "a push from before the reset fired the trigger");
+    assert!(
+        api.try_next().is_none(),
+        "a push from before the reset fired the trigger"
+    );
     rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -524,22 +1154,36 @@ async fn retries_then_succeeds_and_at_least_once_waits_for_it() {
         "triggers": [{"name": "t", "sink": "out", "atLeastOnce": true,
                       "retryStrategy": {"steps": 3, "duration": "20ms", "factor": 2, "jitter": 0}}]
     })).await;
-    let pending = rig.sender_of("a").send(vec![Event::new("1", "/s", "t")]).await;
+    let pending = rig
+        .sender_of("a")
+        .send(vec![Event::new("1", "/s", "t")])
+        .await;
     tokio::pin!(pending);
     for attempt in 0..3 {
         let item = out.next_within(Duration::from_secs(5)).await;
         assert_eq!(item.event.id, "1");
         if attempt < 2 {
             item.delivery.failed("503 from the target");
-            assert!(futures_util::poll!(&mut pending).is_pending(), "settled before the trigger finished");
+            assert!(
+                futures_util::poll!(&mut pending).is_pending(),
+                "settled before the trigger finished"
+            );
         } else {
             item.delivery.delivered();
         }
     }
     assert!(pending.await.is_delivered());
-    assert!(metric("sluice_sensor_trigger_retries_total", &[("sensor", "r"), ("trigger", "t")]) >= 2.0);
+    assert!(
+        metric(
+            "sluice_sensor_trigger_retries_total",
+            &[("sensor", "r"), ("trigger", "t")]
+        ) >= 2.0
+    );
     rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -547,23 +1191,44 @@ async fn exhausted_retries_go_to_the_dlq_sink() {
     let mut rig = ProcessorRig::addressing("d", &["a"], &["out", "parked"]);
     let mut out = rig.capture_of("out");
     let mut parked = rig.capture_of("parked");
-    let task = start(&mut rig, "d", json!({
-        "dependencies": [{"name": "a", "source": "a"}],
-        "triggers": [{"name": "t", "sink": "out", "atLeastOnce": true, "dlqTrigger": "parked",
-                      "retryStrategy": {"steps": 2, "duration": "10ms", "jitter": 0}}]
-    })).await;
-    let pending = rig.sender_of("a").send(vec![Event::new("1", "/s", "t")]).await;
+    let task = start(
+        &mut rig,
+        "d",
+        json!({
+            "dependencies": [{"name": "a", "source": "a"}],
+            "triggers": [{"name": "t", "sink": "out", "atLeastOnce": true, "dlqTrigger": "parked",
+                          "retryStrategy": {"steps": 2, "duration": "10ms", "jitter": 0}}]
+        }),
+    )
+    .await;
+    let pending = rig
+        .sender_of("a")
+        .send(vec![Event::new("1", "/s", "t")])
+        .await;
     for _ in 0..2 {
-        out.next_within(Duration::from_secs(5)).await.delivery.failed("500");
+        out.next_within(Duration::from_secs(5))
+            .await
+            .delivery
+            .failed("500");
     }
     let dead = parked.next_within(Duration::from_secs(5)).await;
     assert_eq!(dead.event.id, "1");
-    let reason = dead.event.extension("deadletterreason").map(|v| v.to_canonical().into_owned()).unwrap_or_default();
+    let reason = dead
+        .event
+        .extension("deadletterreason")
+        .map(|v| v.to_canonical().into_owned())
+        .unwrap_or_default();
     assert!(reason.ends_with("500"), "{reason}");
     dead.delivery.delivered();
-    assert!(pending.await.is_delivered(), "dead-lettered counts as handled");
+    assert!(
+        pending.await.is_delivered(),
+        "dead-lettered counts as handled"
+    );
     rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -573,9 +1238,17 @@ async fn a_failed_at_least_once_run_fails_upstream_and_keeps_the_partial_match()
     let mut cfg = release_cfg();
     cfg["triggers"][0]["atLeastOnce"] = json!(true);
     let task = start(&mut rig, "f", cfg).await;
-    assert!(rig.sender_of("gh").send(vec![push("p1", "refs/heads/main", "c1")]).await.await.is_delivered());
+    assert!(rig
+        .sender_of("gh")
+        .send(vec![push("p1", "refs/heads/main", "c1")])
+        .await
+        .await
+        .is_delivered());
     let p = rig.sender_of("cron").send(vec![nightly("n1")]).await;
-    api.next_within(Duration::from_secs(5)).await.delivery.failed("down");
+    api.next_within(Duration::from_secs(5))
+        .await
+        .delivery
+        .failed("down");
     let o = p.await;
     assert_eq!(o.status, Status::Failed);
     // The sender retries the nightly event: the push is still kept, so it fires again.
@@ -585,22 +1258,43 @@ async fn a_failed_at_least_once_run_fails_upstream_and_keeps_the_partial_match()
     item.delivery.delivered();
     assert!(p.await.is_delivered());
     rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
 async fn at_most_once_settles_before_the_trigger_finishes() {
     let mut rig = ProcessorRig::addressing("m", &["a"], &["out"]);
     let mut out = rig.capture_of("out");
-    let task = start(&mut rig, "m", json!({
-        "dependencies": [{"name": "a", "source": "a"}],
-        "triggers": [{"name": "t", "sink": "out"}]
-    })).await;
-    let o = rig.sender_of("a").send(vec![Event::new("1", "/s", "t")]).await.await;
-    assert!(o.is_delivered(), "Argo's default (atLeastOnce: false) acknowledges at once");
-    out.next_within(Duration::from_secs(5)).await.delivery.failed("down");
+    let task = start(
+        &mut rig,
+        "m",
+        json!({
+            "dependencies": [{"name": "a", "source": "a"}],
+            "triggers": [{"name": "t", "sink": "out"}]
+        }),
+    )
+    .await;
+    let o = rig
+        .sender_of("a")
+        .send(vec![Event::new("1", "/s", "t")])
+        .await
+        .await;
+    assert!(
+        o.is_delivered(),
+        "Argo's default (atLeastOnce: false) acknowledges at once"
+    );
+    out.next_within(Duration::from_secs(5))
+        .await
+        .delivery
+        .failed("down");
     rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -616,22 +1310,37 @@ async fn correlate_by_joins_per_key() {
                       "payload": [{"src": {"dependencyName": "paid", "dataKey": "order"}, "dest": "order"},
                                   {"src": {"dependencyName": "shipped", "dataKey": "carrier"}, "dest": "carrier"}]}]
     })).await;
-    let ev = |id: &str, ty: &str, body: &str| Event::new(id, "/shop", ty).with_json(body.to_owned());
+    let ev =
+        |id: &str, ty: &str, body: &str| Event::new(id, "/shop", ty).with_json(body.to_owned());
     for e in [
         ev("1", "order.paid", r#"{"order":"A"}"#),
         ev("2", "order.paid", r#"{"order":"B"}"#),
         ev("3", "order.shipped", r#"{"order":"B","carrier":"dhl"}"#),
     ] {
-        assert!(rig.sender_of("orders").send(vec![e]).await.await.is_delivered());
+        assert!(rig
+            .sender_of("orders")
+            .send(vec![e])
+            .await
+            .await
+            .is_delivered());
     }
     let item = out.next_within(Duration::from_secs(5)).await;
     assert_eq!(data(&item.event), json!({"order": "B", "carrier": "dhl"}));
     item.delivery.delivered();
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(out.try_next().is_none(), "order A has not shipped");
-    assert_eq!(metric("sluice_sensor_state_events", &[("sensor", "c"), ("trigger", "done")]), 1.0);
+    assert_eq!(
+        metric(
+            "sluice_sensor_state_events",
+            &[("sensor", "c"), ("trigger", "done")]
+        ),
+        1.0
+    );
     rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -644,13 +1353,23 @@ async fn rate_limit_spaces_the_runs() {
     })).await;
     let started = std::time::Instant::now();
     for i in 0..6 {
-        rig.sender_of("a").send(vec![Event::new(i.to_string(), "/s", "t")]).await.await;
+        rig.sender_of("a")
+            .send(vec![Event::new(i.to_string(), "/s", "t")])
+            .await
+            .await;
     }
     out.wait_for(6).await;
     // 6 runs at 20/s: the last starts 5 × 50 ms after the first.
-    assert!(started.elapsed() >= Duration::from_millis(240), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(240),
+        "{:?}",
+        started.elapsed()
+    );
     rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[test]
@@ -660,24 +1379,49 @@ fn bad_configs_are_refused_with_the_place() {
         c.validate("s").unwrap_err()
     };
     let base = |trigger: serde_json::Value| json!({"dependencies": [{"name": "a", "source": "x"}, {"name": "b-1", "source": "x"}], "triggers": [trigger]});
-    let e = bad(base(json!({"name": "t", "sink": "o", "conditions": "a && nope"})));
-    assert!(e.starts_with("triggers.0.conditions: `nope` is not a dependency"), "{e}");
-    let e = bad(base(json!({"name": "t", "sink": "o", "payload": [{"src": {"dependencyName": "zz"}, "dest": "x"}]})));
+    let e = bad(base(
+        json!({"name": "t", "sink": "o", "conditions": "a && nope"}),
+    ));
+    assert!(
+        e.starts_with("triggers.0.conditions: `nope` is not a dependency"),
+        "{e}"
+    );
+    let e = bad(base(
+        json!({"name": "t", "sink": "o", "payload": [{"src": {"dependencyName": "zz"}, "dest": "x"}]}),
+    ));
     assert!(e.contains("payload.0.src.dependencyName: `zz`"), "{e}");
-    let e = bad(base(json!({"name": "t", "sink": "o", "payload": [{"src": {"dependencyName": "a", "dataTemplate": "{{ .Input"}, "dest": "x"}]})));
+    let e = bad(base(
+        json!({"name": "t", "sink": "o", "payload": [{"src": {"dependencyName": "a", "dataTemplate": "{{ .Input"}, "dest": "x"}]}),
+    ));
     assert!(e.contains("payload.0.src.dataTemplate"), "{e}");
-    let e = bad(base(json!({"name": "t", "sink": "o", "conditionsReset": [{"byTime": {"cron": "61 * * * *"}}]})));
+    let e = bad(base(
+        json!({"name": "t", "sink": "o", "conditionsReset": [{"byTime": {"cron": "61 * * * *"}}]}),
+    ));
     assert!(e.contains("conditionsReset.0.byTime.cron"), "{e}");
-    let e = bad(base(json!({"name": "t", "sink": "o", "parameters": [{"src": {"dependencyName": "a"}, "dest": "id"}]})));
-    assert!(e.contains("parameters.0.dest: `id` is not an attribute"), "{e}");
-    let e = bad(json!({"dependencies": [{"name": "a", "source": "x", "filters": {"data": [{"path": "p", "type": "string", "value": ["("]}]}}], "triggers": [{"name": "t", "sink": "o"}]}));
+    let e = bad(base(
+        json!({"name": "t", "sink": "o", "parameters": [{"src": {"dependencyName": "a"}, "dest": "id"}]}),
+    ));
+    assert!(
+        e.contains("parameters.0.dest: `id` is not an attribute"),
+        "{e}"
+    );
+    let e = bad(
+        json!({"dependencies": [{"name": "a", "source": "x", "filters": {"data": [{"path": "p", "type": "string", "value": ["("]}]}}], "triggers": [{"name": "t", "sink": "o"}]}),
+    );
     assert!(e.contains("dependencies.0.filters.data.0.value"), "{e}");
-    let e = bad(json!({"dependencies": [{"name": "a", "source": "x", "filters": {"data": [{"path": "p", "type": "number", "value": ["ten"]}]}}], "triggers": [{"name": "t", "sink": "o"}]}));
+    let e = bad(
+        json!({"dependencies": [{"name": "a", "source": "x", "filters": {"data": [{"path": "p", "type": "number", "value": ["ten"]}]}}], "triggers": [{"name": "t", "sink": "o"}]}),
+    );
     assert!(e.contains("is not a number"), "{e}");
     let e = bad(base(json!({"name": "t", "sink": "o", "dlqTrigger": "o"})));
     assert!(e.contains("dlqTrigger"), "{e}");
-    assert!(bad(json!({"dependencies": [], "triggers": [{"name": "t", "sink": "o"}]})).contains("dependencies"));
-    let e = bad(json!({"dependencies": [{"name": "a", "source": "x"}, {"name": "a", "source": "y"}], "triggers": [{"name": "t", "sink": "o"}]}));
+    assert!(
+        bad(json!({"dependencies": [], "triggers": [{"name": "t", "sink": "o"}]}))
+            .contains("dependencies")
+    );
+    let e = bad(
+        json!({"dependencies": [{"name": "a", "source": "x"}, {"name": "a", "source": "y"}], "triggers": [{"name": "t", "sink": "o"}]}),
+    );
     assert!(e.contains("`a` is used twice"), "{e}");
 }
 
@@ -690,4 +1434,42 @@ fn wiring_names_the_sources_and_sinks() {
     assert_eq!(w.inputs[1].path, ["dependencies", "1", "source"]);
     assert_eq!(w.targets[0].name, "api");
     let _ = Arc::new(0);
+}
+
+#[tokio::test]
+async fn transform_runs_before_the_filters_and_its_result_reaches_the_trigger() {
+    let mut rig = ProcessorRig::addressing("tr", &["gh"], &["out"]);
+    let mut out = rig.capture_of("out");
+    let task = start(&mut rig, "tr", json!({
+        "dependencies": [{"name": "push", "source": "gh",
+            "transform": {"jq": "{ref, size, kind: (if .size > 10 then \"big\" else \"small\" end)}"},
+            "filters": {"script": "return event.kind == \"big\" and event.ref == \"main\""}}],
+        "triggers": [{"name": "t", "sink": "out"}]
+    })).await;
+    let ev = |id: &str, size: u32| {
+        Event::new(id, "/gh", "push")
+            .with_json(format!(r#"{{"ref":"main","size":{size},"secret":"x"}}"#))
+    };
+    assert!(rig
+        .sender_of("gh")
+        .send(vec![ev("small", 3)])
+        .await
+        .await
+        .is_delivered());
+    let p = rig.sender_of("gh").send(vec![ev("big", 30)]).await;
+    let item = out.next_within(Duration::from_secs(5)).await;
+    assert_eq!(item.event.id, "big");
+    assert_eq!(
+        data(&item.event),
+        json!({"ref": "main", "size": 30, "kind": "big"}),
+        "the transformed data, without `secret`"
+    );
+    item.delivery.delivered();
+    assert!(p.await.is_delivered());
+    assert!(out.try_next().is_none());
+    rig.close();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }

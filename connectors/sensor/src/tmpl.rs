@@ -31,7 +31,8 @@ fn s(v: &Value) -> String {
 }
 
 fn arg(args: &[Value], i: usize) -> Result<&Value, FuncError> {
-    args.get(i).ok_or(FuncError::ExactlyXArgs(String::new(), i + 1))
+    args.get(i)
+        .ok_or(FuncError::ExactlyXArgs(String::new(), i + 1))
 }
 
 fn last(args: &[Value]) -> Result<String, FuncError> {
@@ -55,7 +56,10 @@ macro_rules! unary {
 unary!(lower, |x| x.to_lowercase());
 unary!(upper, |x| x.to_uppercase());
 unary!(trim, |x| x.trim().to_owned());
-unary!(nospace, |x| x.chars().filter(|c| !c.is_whitespace()).collect());
+unary!(nospace, |x| x
+    .chars()
+    .filter(|c| !c.is_whitespace())
+    .collect());
 unary!(title, |x| {
     let mut out = String::with_capacity(x.len());
     let mut start = true;
@@ -93,11 +97,15 @@ fn two(args: &[Value]) -> Result<(String, String), FuncError> {
 
 fn trim_prefix(args: &[Value]) -> Result<Value, FuncError> {
     let (p, x) = two(args)?;
-    Ok(Value::from(x.strip_prefix(p.as_str()).unwrap_or(&x).to_owned()))
+    Ok(Value::from(
+        x.strip_prefix(p.as_str()).unwrap_or(&x).to_owned(),
+    ))
 }
 fn trim_suffix(args: &[Value]) -> Result<Value, FuncError> {
     let (p, x) = two(args)?;
-    Ok(Value::from(x.strip_suffix(p.as_str()).unwrap_or(&x).to_owned()))
+    Ok(Value::from(
+        x.strip_suffix(p.as_str()).unwrap_or(&x).to_owned(),
+    ))
 }
 fn trim_all(args: &[Value]) -> Result<Value, FuncError> {
     let (p, x) = two(args)?;
@@ -141,8 +149,14 @@ fn substr(args: &[Value]) -> Result<Value, FuncError> {
     let n = |v: &Value| s(v).parse::<i64>().unwrap_or(0);
     let x: Vec<char> = s(&args[2]).chars().collect();
     let (a, b) = (n(&args[0]).max(0) as usize, n(&args[1]));
-    let b = if b < 0 { x.len() } else { (b as usize).min(x.len()) };
-    Ok(Value::from(x.get(a.min(b)..b).unwrap_or(&[]).iter().collect::<String>()))
+    let b = if b < 0 {
+        x.len()
+    } else {
+        (b as usize).min(x.len())
+    };
+    Ok(Value::from(
+        x.get(a.min(b)..b).unwrap_or(&[]).iter().collect::<String>(),
+    ))
 }
 /// `trunc n s`
 fn trunc(args: &[Value]) -> Result<Value, FuncError> {
@@ -242,8 +256,8 @@ fn from_gtmpl(v: &Value) -> serde_json::Value {
         Value::String(s) => serde_json::Value::String(s.clone()),
         Value::Number(n) => serde_json::from_str(&n.to_string()).unwrap_or(serde_json::Value::Null),
         Value::Array(a) => serde_json::Value::Array(a.iter().map(from_gtmpl).collect()),
-        Value::Object(m) | Value::Map(m) => serde_json::Value::Object(
-            m.iter().map(|(k, v)| (k.clone(), from_gtmpl(v))).collect(),
-        ),
+        Value::Object(m) | Value::Map(m) => {
+            serde_json::Value::Object(m.iter().map(|(k, v)| (k.clone(), from_gtmpl(v))).collect())
+        }
     }
 }

@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-pub use ack::{Delivery, Outcome, Status, DEAD_LETTER_REASON, DEAD_LETTER_SINK, DEAD_LETTER_STATUS};
+pub use ack::{
+    Delivery, Outcome, Status, DEAD_LETTER_REASON, DEAD_LETTER_SINK, DEAD_LETTER_STATUS,
+};
 pub use chain::hand_off;
 pub use queue::{SinkInput, SinkItem, WhenFull};
 pub use window::{SinkWindow, Step};
@@ -172,8 +174,15 @@ impl SourceSender {
                 targets.clear();
                 targets.push(t);
             }
-            self.route_one(&mut guard, &mut targets, dedup, idx, event, target.is_some())
-                .await;
+            self.route_one(
+                &mut guard,
+                &mut targets,
+                dedup,
+                idx,
+                event,
+                target.is_some(),
+            )
+            .await;
         }
         guard.finish();
         Pending {
