@@ -1109,23 +1109,26 @@ impl Bench {
         }
     }
 
-    /// Matches, keeps and fires for one event from `origin`; returns the outputs built.
+    /// Matches, keeps and fires for one event from `origin`; returns the trigger runs it
+    /// started (their outputs are built, as the sensor does).
     pub fn event(&mut self, origin: &str, e: &Event) -> usize {
+        self.event_with_errors(origin, e).0
+    }
+
+    /// [`Bench::event`], and how many of the runs could not build their output.
+    pub fn event_with_errors(&mut self, origin: &str, e: &Event) -> (usize, usize) {
         let matched = self.sensor.matches(&self.root, origin, e);
         if matched.is_empty() {
-            return 0;
+            return (0, 0);
         }
         let firings = self
             .sensor
             .apply(&mut self.state, e, &matched)
             .unwrap_or_default();
-        firings
+        let errors = firings
             .iter()
-            .map(|f| {
-                self.sensor
-                    .outputs(f.trigger, &f.events)
-                    .map_or(0, |o| o.len())
-            })
-            .sum()
+            .filter(|f| self.sensor.outputs(f.trigger, &f.events).is_err())
+            .count();
+        (firings.len(), errors)
     }
 }
