@@ -163,6 +163,7 @@ fn plain(data: Value) -> Event {
 }
 
 #[test]
+#[allow(clippy::approx_constant)] // 3.14 is the example's own value, not π
 fn data_filter_examples() {
     let c = example("filter-with-data-simple-1.yaml");
     assert_eq!(
