@@ -44,10 +44,14 @@ fn sensor(c: &mut Criterion) {
     let nightly = Event::new("n1", "/nightly", "build.finished").with_json(r#"{"ok":true}"#);
     // Filtered out by the expr (after the data filter passed): the common case on a busy hook.
     let mut b = Bench::new(config());
-    g.bench_function("filtered", |x| x.iter(|| black_box(b.event("gh", black_box(&filtered)))));
+    g.bench_function("filtered", |x| {
+        x.iter(|| black_box(b.event("gh", black_box(&filtered))))
+    });
     // Passes both filters and replaces the kept push (Argo keeps the latest per dependency).
     let mut b = Bench::new(config());
-    g.bench_function("kept", |x| x.iter(|| black_box(b.event("gh", black_box(&kept)))));
+    g.bench_function("kept", |x| {
+        x.iter(|| black_box(b.event("gh", black_box(&kept))))
+    });
     // A push then a nightly: the second completes the condition and builds the payload.
     g.throughput(Throughput::Elements(2));
     let mut b = Bench::new(config());

@@ -334,6 +334,11 @@ pub fn kinds() -> Vec<Kind> {
             "http",
             "HTTP trigger: CloudEvents binary/structured/batched, success codes, retries with backoff and Retry-After, mTLS",
         ),
+        #[cfg(feature = "http")]
+        sink::<sluice_http::SlackSinkConfig>(
+            "slack",
+            "Slack trigger: chat.postMessage per event (channel and text from templates or the event's data), threads by key, delivered on ok: true",
+        ),
         #[cfg(feature = "transform")]
         processor::<sluice_transform::SetConfig>(
             "set",

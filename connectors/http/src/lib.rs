@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod retry;
+mod slack;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -28,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use client::TlsConfig;
 pub use retry::RetryConfig;
+pub use slack::SlackSinkConfig;
 
 /// `batch:` — how `mode: batched` groups events into one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

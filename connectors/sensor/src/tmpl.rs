@@ -274,30 +274,89 @@ mod tests {
     fn sprig_functions_in_argo_examples() {
         let pr = serde_json::json!({"body": {"message": "hello world", "name": "Some Name",
             "pull_request": {"number": 7, "head": {"sha": "0123456789abcdef"}}}});
-        assert_eq!(r("{{ .Input.body.message | title }}", pr.clone()).unwrap(), "Hello World");
-        assert_eq!(r("{{ .Input.body.name | nospace | lower }}-", pr.clone()).unwrap(), "somename-");
+        assert_eq!(
+            r("{{ .Input.body.message | title }}", pr.clone()).unwrap(),
+            "Hello World"
+        );
+        assert_eq!(
+            r("{{ .Input.body.name | nospace | lower }}-", pr.clone()).unwrap(),
+            "somename-"
+        );
         assert_eq!(
             r("{{ .Input.body.pull_request.number }}-{{ .Input.body.pull_request.head.sha | substr 0 7 }}", pr.clone()).unwrap(),
             "7-0123456"
         );
-        assert_eq!(r("Hi {{.Input.body.name}},\n\n\tHello There.", pr.clone()).unwrap(), "Hi Some Name,\n\n\tHello There.");
-        assert_eq!(r(r#"{{ .Input.ref | trimPrefix "refs/heads/" }}"#, serde_json::json!({"ref": "refs/heads/main"})).unwrap(), "main");
-        assert_eq!(r(r#"{{ .Input.s | replace "-" "_" | upper }}"#, serde_json::json!({"s": "a-b"})).unwrap(), "A_B");
-        assert_eq!(r(r#"{{ .Input.x | default "none" }}"#, serde_json::json!({"x": ""})).unwrap(), "none");
-        assert_eq!(r("{{ b64enc .Input.s }}", serde_json::json!({"s": "hi"})).unwrap(), "aGk=");
-        assert_eq!(r("{{ toJson .Input.o }}", serde_json::json!({"o": {"a": [1, true]}})).unwrap(), r#"{"a":[1,true]}"#);
-        assert_eq!(r(r#"{{ printf "%s/%d" .Input.a .Input.n }}"#, serde_json::json!({"a": "x", "n": 3})).unwrap(), "x/3");
-        assert_eq!(r(r#"{{ if eq .Input.a "x" }}yes{{ else }}no{{ end }}"#, serde_json::json!({"a": "x"})).unwrap(), "yes");
+        assert_eq!(
+            r("Hi {{.Input.body.name}},\n\n\tHello There.", pr.clone()).unwrap(),
+            "Hi Some Name,\n\n\tHello There."
+        );
+        assert_eq!(
+            r(
+                r#"{{ .Input.ref | trimPrefix "refs/heads/" }}"#,
+                serde_json::json!({"ref": "refs/heads/main"})
+            )
+            .unwrap(),
+            "main"
+        );
+        assert_eq!(
+            r(
+                r#"{{ .Input.s | replace "-" "_" | upper }}"#,
+                serde_json::json!({"s": "a-b"})
+            )
+            .unwrap(),
+            "A_B"
+        );
+        assert_eq!(
+            r(
+                r#"{{ .Input.x | default "none" }}"#,
+                serde_json::json!({"x": ""})
+            )
+            .unwrap(),
+            "none"
+        );
+        assert_eq!(
+            r("{{ b64enc .Input.s }}", serde_json::json!({"s": "hi"})).unwrap(),
+            "aGk="
+        );
+        assert_eq!(
+            r(
+                "{{ toJson .Input.o }}",
+                serde_json::json!({"o": {"a": [1, true]}})
+            )
+            .unwrap(),
+            r#"{"a":[1,true]}"#
+        );
+        assert_eq!(
+            r(
+                r#"{{ printf "%s/%d" .Input.a .Input.n }}"#,
+                serde_json::json!({"a": "x", "n": 3})
+            )
+            .unwrap(),
+            "x/3"
+        );
+        assert_eq!(
+            r(
+                r#"{{ if eq .Input.a "x" }}yes{{ else }}no{{ end }}"#,
+                serde_json::json!({"a": "x"})
+            )
+            .unwrap(),
+            "yes"
+        );
     }
 
     #[test]
     fn a_missing_key_never_crashes() {
         // As Go's text/template: a missing key renders `<no value>`; a field of it is an
         // error (which a parameter falls back from); neither panics.
-        assert_eq!(r("{{ .Input.nope }}", serde_json::json!({"a": 1})).unwrap(), "<no value>");
+        assert_eq!(
+            r("{{ .Input.nope }}", serde_json::json!({"a": 1})).unwrap(),
+            "<no value>"
+        );
         let e = r("{{ .Input.nope.deeper }}", serde_json::json!({"a": 1})).unwrap_err();
         assert!(e.contains("only maps and objects have fields"), "{e}");
         assert!(Tmpl::parse("{{ .Input").is_err());
-        assert!(Tmpl::parse("{{ no }}").unwrap_err().contains("function no not defined"));
+        assert!(Tmpl::parse("{{ no }}")
+            .unwrap_err()
+            .contains("function no not defined"));
     }
 }
