@@ -99,13 +99,14 @@ fi
 
 log "test peers"
 # The official Python CloudEvents SDK and the providers' webhook libraries, for the interop
-# tests (clients and signers we did not write).
+# tests (clients and signers we did not write); aiosmtpd, the SMTP server the email sink's
+# tests deliver to.
 if [ ! -x target/pyenv/bin/python ] ||
-   ! target/pyenv/bin/python -c 'import cloudevents.core, stripe, slack_sdk, standardwebhooks' 2>/dev/null; then
+   ! target/pyenv/bin/python -c 'import cloudevents.core, stripe, slack_sdk, standardwebhooks, aiosmtpd' 2>/dev/null; then
   mkdir -p target
   [ -x target/pyenv/bin/python ] || python3 -m venv target/pyenv
   target/pyenv/bin/pip install -q --disable-pip-version-check 'cloudevents==2.2.0' \
-    'stripe==16.1.0' 'slack_sdk==3.48.0' 'standardwebhooks==1.1.0'
+    'stripe==16.1.0' 'slack_sdk==3.48.0' 'standardwebhooks==1.1.0' 'aiosmtpd==1.4.6'
 fi
 # moto's server for the AWS connector tests (S3, SQS, SNS over their real HTTP APIs); each test
 # starts its own on a free port.

@@ -113,6 +113,9 @@ pub struct FiltersConfig {
     pub script: Option<String>,
 }
 
+/// The filter families, in Argo's order of evaluation.
+pub const FAMILIES: [&str; 5] = ["exprs", "data", "context", "time", "script"];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cmp {
     Eq,
@@ -299,15 +302,17 @@ impl Filters {
 
     /// Whether the event passes; `Err` carries the family and the reason for a failure that is
     /// an error (a missing path, data that is not JSON), which fails the event under `and`.
-    pub fn eval(&self, cel_root: &cel::Context<'_, '_>, e: &Event) -> Verdict {
+    /// `text` is the event's data checked as JSON (`crate::run::data_text`), done once for all
+    /// the dependencies that read the same event.
+    pub fn eval(
+        &self,
+        cel_root: &cel::Context<'_, '_>,
+        e: &Event,
+        text: Result<Option<&str>, String>,
+    ) -> Verdict {
         let mut errors = Vec::new();
-        // Argo: an event without data passes the data and exprs filters.
-        let data = || match e.data.as_bytes().map(|b| std::str::from_utf8(b)) {
-            None => Ok(None),
-            Some(Ok("")) => Ok(None),
-            Some(Ok(s)) if gjson::valid(s) => Ok(Some(s)),
-            _ => Err("the event's data is not JSON".to_string()),
-        };
+        // Argo: an event without data passes the data, exprs and script filters.
+        let data = || text.clone();
         let families: [(bool, &'static str); 5] = [
             (!self.exprs.is_empty(), "exprs"),
             (!self.data.is_empty(), "data"),

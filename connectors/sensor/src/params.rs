@@ -201,13 +201,8 @@ impl Param {
         fallback(why)
     }
 
-    /// A template's output: text, or with `useRawData` the JSON it spells when it is JSON.
+    /// A template's output: always text (Argo types it `String`, whatever `useRawData` says).
     fn text_value(&self, out: String) -> Value {
-        if self.raw {
-            if let Ok(v) = serde_json::from_str::<Value>(&out) {
-                return v;
-            }
-        }
         Value::String(out)
     }
 

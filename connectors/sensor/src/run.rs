@@ -40,6 +40,16 @@ pub(crate) struct Dep {
     filters: Filters,
     matched: Counter,
     errors: Counter,
+    /// `result="filtered"` per family, in `filter::FAMILIES` order.
+    filtered: Vec<(&'static str, Counter)>,
+}
+
+/// A trigger's counters, made once.
+pub(crate) struct TriggerCounters {
+    fired: Counter,
+    failed: Counter,
+    dead_lettered: Counter,
+    retries: Counter,
 }
 
 pub(crate) struct Trigger {
@@ -60,6 +70,7 @@ pub(crate) struct Trigger {
     max_keys: usize,
     ttl: Option<Duration>,
     ty: String,
+    counters: TriggerCounters,
 }
 
 pub(crate) struct Sensor {
@@ -138,6 +149,10 @@ impl Sensor {
                 filters,
                 matched: l("matched"),
                 errors: l("error"),
+                filtered: crate::filter::FAMILIES
+                    .iter()
+                    .map(|f| (*f, counter!(t::SENSOR_DEPENDENCY_EVENTS, "sensor" => name.to_owned(), "dependency" => d.name.clone(), "result" => "filtered", "family" => *f)))
+                    .collect(),
             });
         }
         let dep_index = |n: &str| cfg.dependencies.iter().position(|d| d.name == n);
@@ -254,6 +269,15 @@ impl Sensor {
                 max_keys: tc.max_keys,
                 ttl: tc.state_ttl.map(|d| d.get()),
                 ty,
+                counters: {
+                    let c = |r: &'static str| counter!(t::SENSOR_TRIGGERS, "sensor" => name.to_owned(), "trigger" => tc.name.clone(), "result" => r);
+                    TriggerCounters {
+                        fired: c("fired"),
+                        failed: c("failed"),
+                        dead_lettered: c("dead_lettered"),
+                        retries: counter!(t::SENSOR_TRIGGER_RETRIES, "sensor" => name.to_owned(), "trigger" => tc.name.clone()),
+                    }
+                },
             });
         }
         Ok(Sensor {
@@ -277,6 +301,8 @@ impl Sensor {
             return Vec::new();
         };
         let mut out = Vec::new();
+        // The data checked as JSON once for every dependency that reads it unchanged.
+        let mut json_text: Option<Result<Option<&str>, String>> = None;
         for &d in cands {
             let dep = &self.deps[d];
             if dep.ty.as_deref().is_some_and(|ty| ty != e.ty) {
@@ -309,7 +335,12 @@ impl Sensor {
                     }
                 }
             };
-            let v = dep.filters.eval(root, transformed.as_ref().unwrap_or(e));
+            let seen = transformed.as_ref().unwrap_or(e);
+            let text = match &transformed {
+                None => json_text.get_or_insert_with(|| data_text(e)).clone(),
+                Some(t) => data_text(t),
+            };
+            let v = dep.filters.eval(root, seen, text);
             for err in &v.errors {
                 tracing::debug!(sensor = %self.name, dependency = %dep.name, id = %e.id, error = %err, "filter error");
             }
@@ -320,7 +351,9 @@ impl Sensor {
                 dep.matched.increment(1);
                 out.push((d, transformed));
             } else if let Some(family) = v.family {
-                counter!(t::SENSOR_DEPENDENCY_EVENTS, "sensor" => self.name.clone(), "dependency" => dep.name.clone(), "result" => "filtered", "family" => family).increment(1);
+                if let Some((_, c)) = dep.filtered.iter().find(|(f, _)| *f == family) {
+                    c.increment(1);
+                }
             }
         }
         out
@@ -415,6 +448,16 @@ impl Sensor {
     }
 }
 
+/// The event's data for the filters: `Ok(None)` without data, `Err` when it is not JSON.
+pub(crate) fn data_text(e: &Event) -> Result<Option<&str>, String> {
+    match e.data.as_bytes().map(|b| std::str::from_utf8(b)) {
+        None => Ok(None),
+        Some(Ok("")) => Ok(None),
+        Some(Ok(s)) if gjson::valid(s) => Ok(Some(s)),
+        _ => Err("the event's data is not JSON".to_string()),
+    }
+}
+
 /// A kept dependency event.
 #[derive(Clone)]
 struct Stored {
@@ -435,7 +478,9 @@ impl Slot {
     }
 }
 
-/// Partial matches, per trigger and correlation key, mirrored in the state store.
+/// Partial matches, per trigger and correlation key, mirrored in the state store: every kept
+/// event is a key `<trigger> NUL <dependency> NUL <correlation key>` (the key last, so it may
+/// hold any byte) whose value is its time (8 bytes) and the event in the JSON format.
 struct State {
     table: String,
     store: Option<Arc<dyn StateStore>>,
@@ -452,11 +497,18 @@ fn state_key(trigger: &str, key: &str, dep: &str) -> Vec<u8> {
     [
         trigger.as_bytes(),
         b"\0",
-        key.as_bytes(),
-        b"\0",
         dep.as_bytes(),
+        b"\0",
+        key.as_bytes(),
     ]
     .concat()
+}
+
+/// Puts and deletes gathered for one atomic write.
+#[derive(Default)]
+struct Writes {
+    puts: Vec<(Vec<u8>, Vec<u8>)>,
+    dels: Vec<Vec<u8>>,
 }
 
 impl State {
@@ -474,24 +526,34 @@ impl State {
         }
     }
 
-    fn recount(&mut self, ti: usize) {
-        let n: usize = self.slots[ti].values().map(Slot::count).sum();
-        self.counts[ti] = n;
-        self.gauges[ti].set(n as f64);
+    fn persistent(&self) -> bool {
+        self.store.is_some()
     }
 
-    fn write(&self, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) -> Result<(), String> {
+    /// Adds `delta` to the kept-event count of trigger `ti`.
+    fn adjust(&mut self, ti: usize, delta: isize) {
+        self.counts[ti] = self.counts[ti].saturating_add_signed(delta);
+        self.gauges[ti].set(self.counts[ti] as f64);
+    }
+
+    fn recount(&mut self, ti: usize) {
+        self.counts[ti] = self.slots[ti].values().map(Slot::count).sum();
+        self.gauges[ti].set(self.counts[ti] as f64);
+    }
+
+    fn write(&self, w: &Writes) -> Result<(), String> {
         let Some(store) = &self.store else {
             return Ok(());
         };
-        if puts.is_empty() && deletes.is_empty() {
+        if w.puts.is_empty() && w.dels.is_empty() {
             return Ok(());
         }
-        let p: Vec<(&[u8], &[u8])> = puts
+        let p: Vec<(&[u8], &[u8])> = w
+            .puts
             .iter()
             .map(|(k, v)| (k.as_slice(), v.as_slice()))
             .collect();
-        let d: Vec<&[u8]> = deletes.iter().map(Vec::as_slice).collect();
+        let d: Vec<&[u8]> = w.dels.iter().map(Vec::as_slice).collect();
         store.write(&self.table, &p, &d).map_err(|e| e.to_string())
     }
 
@@ -512,7 +574,8 @@ impl State {
     }
 
     /// Loads what the store holds, dropping entries of triggers or dependencies that no longer
-    /// exist, and entries older than the last reset tick or the trigger's TTL.
+    /// exist or no longer keep state (pure-OR), and entries older than the last reset tick or
+    /// the trigger's TTL.
     fn load(&mut self, s: &Sensor) -> Result<(), String> {
         let Some(store) = self.store.clone() else {
             return Ok(());
@@ -528,10 +591,13 @@ impl State {
             let found = (parts.len() == 3 && v.len() > 8)
                 .then(|| {
                     let tn = std::str::from_utf8(parts[0]).ok()?;
-                    let key = std::str::from_utf8(parts[1]).ok()?;
-                    let dn = std::str::from_utf8(parts[2]).ok()?;
+                    let dn = std::str::from_utf8(parts[1]).ok()?;
+                    let key = std::str::from_utf8(parts[2]).ok()?;
                     let ti = s.triggers.iter().position(|t| t.name == tn)?;
                     let tr = &s.triggers[ti];
+                    if tr.pure_or {
+                        return None;
+                    }
                     let pos = tr.deps.iter().position(|&d| s.deps[d].name == dn)?;
                     let at_ms = u64::from_be_bytes(v[..8].try_into().ok()?);
                     let event =
@@ -558,7 +624,10 @@ impl State {
         if !stale.is_empty() {
             tracing::info!(sensor = %s.name, entries = stale.len(), "sensor: dropped saved partial matches that are stale or belong to a changed spec");
         }
-        self.write(&[], &stale)?;
+        self.write(&Writes {
+            puts: Vec::new(),
+            dels: stale,
+        })?;
         for ti in 0..s.triggers.len() {
             self.recount(ti);
         }
@@ -566,16 +635,8 @@ impl State {
     }
 
     fn clear(&mut self, s: &Sensor, ti: usize, reason: &'static str) -> Result<(), String> {
-        let slots = std::mem::take(&mut self.slots[ti]);
-        let keys: Vec<Vec<u8>> = slots
-            .iter()
-            .flat_map(|(k, slot)| Self::slot_keys(s, ti, k, slot))
-            .collect();
-        if !slots.is_empty() {
-            counter!(t::SENSOR_STATE_EVICTIONS, "sensor" => s.name.clone(), "trigger" => s.triggers[ti].name.clone(), "reason" => reason).increment(slots.len() as u64);
-        }
-        self.recount(ti);
-        self.write(&[], &keys)
+        let keys: Vec<String> = self.slots[ti].keys().cloned().collect();
+        self.evict(s, ti, &keys, reason)
     }
 
     fn expire(&mut self, s: &Sensor, now: u64) -> Result<(), String> {
@@ -601,40 +662,80 @@ impl State {
         keys: &[String],
         reason: &'static str,
     ) -> Result<(), String> {
+        let mut w = Writes::default();
+        self.evict_into(s, ti, keys, reason, &mut w);
+        self.write(&w)
+    }
+
+    fn evict_into(
+        &mut self,
+        s: &Sensor,
+        ti: usize,
+        keys: &[String],
+        reason: &'static str,
+        w: &mut Writes,
+    ) {
         if keys.is_empty() {
-            return Ok(());
+            return;
         }
-        let mut dels = Vec::new();
+        let mut n = 0;
         for k in keys {
             if let Some(slot) = self.slots[ti].remove(k) {
-                dels.extend(Self::slot_keys(s, ti, k, &slot));
+                n += slot.count();
+                if self.persistent() {
+                    w.dels.extend(Self::slot_keys(s, ti, k, &slot));
+                }
             }
         }
         counter!(t::SENSOR_STATE_EVICTIONS, "sensor" => s.name.clone(), "trigger" => s.triggers[ti].name.clone(), "reason" => reason).increment(keys.len() as u64);
-        self.recount(ti);
-        self.write(&[], &dels)
+        self.adjust(ti, -(n as isize));
     }
 
-    /// Puts back what a failed at-least-once run had taken, where nothing newer arrived.
+    /// After an at-least-once run settled for good (delivered, dead-lettered, or rejected):
+    /// the events it took are spent; delete their saved copies where no newer event of the
+    /// same dependency took the key since.
+    fn spend(&mut self, s: &Sensor, ti: usize, key: &str, taken: &Slot) {
+        if !self.persistent() {
+            return;
+        }
+        let tr = &s.triggers[ti];
+        let current = self.slots[ti].get(key);
+        let dels: Vec<Vec<u8>> = taken
+            .events
+            .iter()
+            .enumerate()
+            .filter(|(pos, st)| {
+                st.is_some()
+                    && current.is_none_or(|c| c.events.get(*pos).is_none_or(Option::is_none))
+            })
+            .map(|(pos, _)| state_key(&tr.name, key, &s.deps[tr.deps[pos]].name))
+            .collect();
+        if let Err(e) = self.write(&Writes {
+            puts: Vec::new(),
+            dels,
+        }) {
+            tracing::error!(sensor = %s.name, trigger = %tr.name, error = %e, "sensor: cannot delete the spent partial match");
+        }
+    }
+
+    /// Puts back what a failed at-least-once run had taken, where nothing newer arrived and
+    /// no reset happened since (the saved copies were kept, so a restart also has them).
     fn restore(&mut self, s: &Sensor, ti: usize, key: String, taken: Slot) {
         let tr = &s.triggers[ti];
-        let slot = self.slots[ti].entry(key.clone()).or_default();
+        let floor = last_reset_ms(tr);
+        let slot = self.slots[ti].entry(key).or_default();
         slot.events.resize(tr.deps.len(), None);
-        let mut puts = Vec::new();
+        let mut added = 0;
         for (pos, st) in taken.events.into_iter().enumerate() {
             if let (None, Some(st)) = (&slot.events[pos], st) {
-                puts.push((
-                    state_key(&tr.name, &key, &s.deps[tr.deps[pos]].name),
-                    Self::encode(&st),
-                ));
-                slot.events[pos] = Some(st);
+                if st.at_ms >= floor {
+                    slot.events[pos] = Some(st);
+                    added += 1;
+                }
             }
         }
         slot.touched_ms = slot.touched_ms.max(taken.touched_ms);
-        self.recount(ti);
-        if let Err(e) = self.write(&puts, &[]) {
-            tracing::error!(sensor = %s.name, trigger = %tr.name, error = %e, "sensor: cannot save the restored partial match");
-        }
+        self.adjust(ti, added);
     }
 }
 
@@ -651,24 +752,19 @@ fn last_reset_ms(tr: &Trigger) -> u64 {
         .unwrap_or(0)
 }
 
-/// The next reset tick of any trigger: (when, trigger).
-fn next_reset(s: &Sensor) -> Option<(chrono::DateTime<Utc>, usize)> {
-    s.triggers
+/// A trigger's next reset tick after `after`.
+fn next_tick(tr: &Trigger, after: chrono::DateTime<Utc>) -> Option<chrono::DateTime<Utc>> {
+    tr.resets
         .iter()
-        .enumerate()
-        .flat_map(|(ti, tr)| {
-            tr.resets.iter().filter_map(move |(cron, tz)| {
-                let now = Utc::now().with_timezone(tz);
-                cron.find_next_occurrence(&now, false)
-                    .ok()
-                    .map(|t| (t.with_timezone(&Utc), ti))
-            })
+        .filter_map(|(cron, tz)| {
+            cron.find_next_occurrence(&after.with_timezone(tz), false)
+                .ok()
+                .map(|t| t.with_timezone(&Utc))
         })
-        .min_by_key(|(t, _)| *t)
+        .min()
 }
 
-/// A trigger whose condition holds: its events, and what to put back if an at-least-once
-/// run fails.
+/// A trigger whose condition holds: its events, and (at-least-once) what it took.
 struct Firing {
     trigger: usize,
     events: Vec<(usize, Event)>,
@@ -676,7 +772,8 @@ struct Firing {
 }
 
 impl Sensor {
-    /// Applies one matched event to every trigger that names one of `matched`.
+    /// Applies one matched event to every trigger that names one of `matched`, and saves what
+    /// changed in one atomic write (before the input is acknowledged).
     fn apply(
         &self,
         state: &mut State,
@@ -698,6 +795,8 @@ impl Sensor {
         tis.sort_unstable();
         tis.dedup();
         let now = now_ms();
+        let persistent = state.persistent();
+        let mut w = Writes::default();
         for ti in tis {
             let tr = &self.triggers[ti];
             let mine: Vec<usize> = tr
@@ -731,20 +830,35 @@ impl Sensor {
                     v.str().to_owned()
                 }
             };
+            // A partial match past its TTL is dropped before this event joins it.
+            if let Some(ttl) = tr.ttl {
+                let floor = now.saturating_sub(ttl.as_millis() as u64);
+                if state.slots[ti]
+                    .get(&key)
+                    .is_some_and(|sl| sl.touched_ms < floor)
+                {
+                    state.evict_into(self, ti, std::slice::from_ref(&key), "ttl", &mut w);
+                }
+            }
             let slot = state.slots[ti].entry(key.clone()).or_default();
             slot.events.resize(tr.deps.len(), None);
             slot.touched_ms = now;
-            let mut puts = Vec::new();
+            let mut added = 0isize;
             for d in &mine {
                 let pos = tr.deps.iter().position(|x| x == d).unwrap_or(0);
                 let st = Stored {
                     event: event_of(*d).clone(),
                     at_ms: now,
                 };
-                puts.push((
-                    state_key(&tr.name, &key, &self.deps[*d].name),
-                    State::encode(&st),
-                ));
+                if persistent {
+                    w.puts.push((
+                        state_key(&tr.name, &key, &self.deps[*d].name),
+                        State::encode(&st),
+                    ));
+                }
+                if slot.events[pos].is_none() {
+                    added += 1;
+                }
                 slot.events[pos] = Some(st);
             }
             let holds = tr.cond.eval(&|d| {
@@ -753,40 +867,48 @@ impl Sensor {
                     .position(|x| *x == d)
                     .is_some_and(|pos| slot.events[pos].is_some())
             });
+            state.adjust(ti, added);
             if holds {
                 let taken = state.slots[ti].remove(&key).unwrap_or_default();
-                let dels = State::slot_keys(self, ti, &key, &taken);
+                state.adjust(ti, -(taken.count() as isize));
                 let events = taken
                     .events
                     .iter()
                     .enumerate()
                     .filter_map(|(pos, st)| st.as_ref().map(|st| (tr.deps[pos], st.event.clone())))
                     .collect();
-                // Only what was kept before this event needs deleting from the store.
-                let dels: Vec<Vec<u8>> = dels
-                    .into_iter()
-                    .filter(|k| !puts.iter().any(|(p, _)| p == k))
-                    .collect();
-                state.write(&[], &dels)?;
-                firings.push(Firing {
-                    trigger: ti,
-                    events,
-                    taken: Some((key, taken)),
-                });
-            } else {
-                state.write(&puts, &[])?;
-                if state.slots[ti].len() > tr.max_keys {
-                    let oldest = state.slots[ti]
-                        .iter()
-                        .min_by_key(|(_, s)| s.touched_ms)
-                        .map(|(k, _)| k.clone());
-                    if let Some(k) = oldest {
-                        state.evict(self, ti, &[k], "capacity")?;
+                if tr.at_least_once {
+                    // The saved copies stay until the run settled (`State::spend`): a crash or
+                    // a stop in between leaves them for the next start, and the sender's
+                    // redelivery completes the condition again.
+                    firings.push(Firing {
+                        trigger: ti,
+                        events,
+                        taken: Some((key, taken)),
+                    });
+                } else {
+                    if persistent {
+                        // Every saved copy of the slot, this event's put included (deletes
+                        // apply after puts in one write).
+                        w.dels.extend(State::slot_keys(self, ti, &key, &taken));
                     }
+                    firings.push(Firing {
+                        trigger: ti,
+                        events,
+                        taken: None,
+                    });
+                }
+            } else if state.slots[ti].len() > tr.max_keys {
+                let oldest = state.slots[ti]
+                    .iter()
+                    .min_by_key(|(_, s)| s.touched_ms)
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = oldest {
+                    state.evict_into(self, ti, &[k], "capacity", &mut w);
                 }
             }
-            state.recount(ti);
         }
+        state.write(&w)?;
         Ok(firings)
     }
 }
@@ -829,7 +951,8 @@ fn rand01() -> f64 {
 }
 
 impl Run {
-    /// Runs one firing to its end: rate limit, attempts with backoff, dead letter.
+    /// Runs one firing to its end: rate limit, attempts with backoff, dead letter; then
+    /// spends or puts back what an at-least-once run took.
     fn fire(
         &self,
         f: Firing,
@@ -843,7 +966,6 @@ impl Run {
         let grace_over = self.grace_over.clone();
         async move {
             let tr = &sensor.triggers[f.trigger];
-            let label = |r: &'static str| counter!(t::SENSOR_TRIGGERS, "sensor" => sensor.name.clone(), "trigger" => tr.name.clone(), "result" => r);
             let ids: Vec<&str> = f.events.iter().map(|(_, e)| e.id.as_str()).collect();
             if let Some(l) = &limiter {
                 l.wait().await;
@@ -858,7 +980,7 @@ impl Run {
                 if attempt >= tr.retry.attempts || grace_over.is_cancelled() {
                     break outcome;
                 }
-                counter!(t::SENSOR_TRIGGER_RETRIES, "sensor" => sensor.name.clone(), "trigger" => tr.name.clone()).increment(1);
+                tr.counters.retries.increment(1);
                 let delay = tr.retry.delay(attempt - 1, rand01());
                 tracing::debug!(sensor = %sensor.name, trigger = %tr.name, attempt, ?delay, reason = ?outcome.reason, "trigger failed; retrying");
                 tokio::select! {
@@ -866,10 +988,21 @@ impl Run {
                     _ = grace_over.cancelled() => break outcome,
                 }
             };
+            let settle = |outcome: Outcome| {
+                if let Some((key, taken)) = f.taken {
+                    let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+                    if outcome.status == Status::Failed {
+                        st.restore(&sensor, f.trigger, key, taken);
+                    } else {
+                        st.spend(&sensor, f.trigger, &key, &taken);
+                    }
+                }
+                outcome
+            };
             if outcome.is_delivered() {
-                label("fired").increment(1);
+                tr.counters.fired.increment(1);
                 tracing::info!(sensor = %sensor.name, trigger = %tr.name, events = ?ids, attempts = attempt + 1, "trigger fired");
-                return outcome;
+                return settle(outcome);
             }
             let reason = outcome.reason.clone().unwrap_or_else(|| "failed".into());
             if let Some(dlq) = dlq {
@@ -883,22 +1016,14 @@ impl Run {
                     .collect();
                 let dl = sender.send_to(dlq, dead).await.await;
                 if dl.is_delivered() {
-                    label("dead_lettered").increment(1);
+                    tr.counters.dead_lettered.increment(1);
                     tracing::warn!(sensor = %sensor.name, trigger = %tr.name, events = ?ids, %reason, "trigger failed; sent to its dlqTrigger");
-                    return dl;
+                    return settle(dl);
                 }
             }
-            label("failed").increment(1);
+            tr.counters.failed.increment(1);
             tracing::error!(sensor = %sensor.name, trigger = %tr.name, events = ?ids, %reason, at_least_once = tr.at_least_once, "trigger failed");
-            if tr.at_least_once {
-                if let Some((key, taken)) = f.taken {
-                    state
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .restore(&sensor, f.trigger, key, taken);
-                }
-            }
-            outcome
+            settle(outcome)
         }
     }
 
@@ -935,8 +1060,13 @@ impl Run {
             let outs = match self.sensor.outputs(f.trigger, &f.events) {
                 Ok(o) => o,
                 Err(e) => {
-                    counter!(t::SENSOR_TRIGGERS, "sensor" => self.sensor.name.clone(), "trigger" => tr.name.clone(), "result" => "failed").increment(1);
+                    tr.counters.failed.increment(1);
                     tracing::error!(sensor = %self.sensor.name, trigger = %tr.name, id = %event.id, error = %e, "trigger cannot build its output");
+                    // A run that cannot be built is refused for good: its events are spent.
+                    if let Some((key, taken)) = &f.taken {
+                        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                        st.spend(&self.sensor, f.trigger, key, taken);
+                    }
                     if tr.at_least_once {
                         waits.push(
                             futures_util::future::ready(Outcome {
@@ -1039,37 +1169,48 @@ async fn run_loop(
     let mut window: SinkWindow<futures_util::future::BoxFuture<'static, ()>> =
         SinkWindow::new(concurrency);
     let mut batch: Vec<SinkItem> = Vec::with_capacity(BATCH);
-    let any_ttl = run.sensor.triggers.iter().any(|t| t.ttl.is_some());
+    let sensor = run.sensor.clone();
+    // Each trigger's next reset tick, checked after every step (so a busy sensor misses none)
+    // and then moved past now; the TTL sweep likewise once a second.
+    let mut ticks: Vec<Option<chrono::DateTime<Utc>>> = sensor
+        .triggers
+        .iter()
+        .map(|tr| next_tick(tr, Utc::now()))
+        .collect();
+    let any_ttl = sensor.triggers.iter().any(|t| t.ttl.is_some());
+    let mut next_sweep = tokio::time::Instant::now() + Duration::from_secs(1);
     loop {
-        let next = next_reset(&run.sensor);
-        let wake = {
-            let mut at = next.map(|(t, _)| (t - Utc::now()).to_std().unwrap_or_default());
-            if any_ttl {
-                at = Some(at.map_or(Duration::from_secs(1), |a| a.min(Duration::from_secs(1))));
+        let now = Utc::now();
+        if ticks.iter().flatten().any(|t| *t <= now)
+            || (any_ttl && tokio::time::Instant::now() >= next_sweep)
+        {
+            let mut st = run.state.lock().unwrap_or_else(|p| p.into_inner());
+            for (ti, tick) in ticks.iter_mut().enumerate() {
+                if tick.is_some_and(|t| t <= now) {
+                    tracing::info!(sensor = %sensor.name, trigger = %sensor.triggers[ti].name, "sensor: conditionsReset: partial state cleared");
+                    if let Err(e) = st.clear(&sensor, ti, "reset") {
+                        tracing::error!(sensor = %sensor.name, error = %e, "sensor: cannot clear the saved state");
+                    }
+                    *tick = next_tick(&sensor.triggers[ti], now);
+                }
             }
-            at.map(|d| tokio::time::Instant::now() + d)
-        };
+            if any_ttl && tokio::time::Instant::now() >= next_sweep {
+                if let Err(e) = st.expire(&sensor, now_ms()) {
+                    tracing::error!(sensor = %sensor.name, error = %e, "sensor: cannot expire the saved state");
+                }
+                next_sweep = tokio::time::Instant::now() + Duration::from_secs(1);
+            }
+        }
+        let wake = ticks
+            .iter()
+            .flatten()
+            .map(|t| tokio::time::Instant::now() + (*t - Utc::now()).to_std().unwrap_or_default())
+            .chain(any_ttl.then_some(next_sweep))
+            .min();
         let input = &mut ctx.input;
         let step = tokio::select! {
-            s = window.step(&ctx.grace_over, true, |room| input.recv_many(&mut batch, room.min(BATCH))) => Some(s),
-            _ = async { match wake { Some(w) => tokio::time::sleep_until(w).await, None => std::future::pending().await } } => None,
-        };
-        let Some(step) = step else {
-            let mut st = run.state.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((at, ti)) = next {
-                if at <= Utc::now() {
-                    tracing::info!(sensor = %run.sensor.name, trigger = %run.sensor.triggers[ti].name, "sensor: conditionsReset: partial state cleared");
-                    if let Err(e) = st.clear(&run.sensor, ti, "reset") {
-                        tracing::error!(sensor = %run.sensor.name, error = %e, "sensor: cannot clear the saved state");
-                    }
-                }
-            }
-            if any_ttl {
-                if let Err(e) = st.expire(&run.sensor, now_ms()) {
-                    tracing::error!(sensor = %run.sensor.name, error = %e, "sensor: cannot expire the saved state");
-                }
-            }
-            continue;
+            s = window.step(&ctx.grace_over, true, |room| input.recv_many(&mut batch, room.min(BATCH))) => s,
+            _ = async { match wake { Some(w) => tokio::time::sleep_until(w).await, None => std::future::pending().await } } => continue,
         };
         match step {
             Step::GraceOver => break,
@@ -1085,7 +1226,7 @@ async fn run_loop(
             }
         }
     }
-    tracing::debug!(sensor = %run.sensor.name, "sensor: stopped");
+    tracing::debug!(sensor = %sensor.name, "sensor: stopped");
     Ok(())
 }
 

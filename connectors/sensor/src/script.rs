@@ -3,14 +3,22 @@
 //! filter script must return `true` to pass; a transform script returns the new data as a
 //! table.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
-use mlua::{Function, Lua, LuaSerdeExt, Value};
+use mlua::{Function, HookTriggers, Lua, LuaSerdeExt, Value, VmState};
+
+/// Instructions one evaluation may run (in steps of 1000) before it is stopped as an error:
+/// a script that loops for ever must not hold the sensor.
+const BUDGET_STEPS: u32 = 10_000;
 
 pub struct Script {
     text: String,
-    /// One Lua state per script; evaluations take turns (a state is not re-entrant).
+    /// One Lua state per script; evaluations take turns (a state is not re-entrant). Each gets
+    /// fresh globals (a new environment over the standard library), as Argo's new gopher-lua
+    /// state per event does.
     lua: Mutex<(Lua, Function)>,
+    steps: Arc<AtomicU32>,
 }
 
 impl std::fmt::Debug for Script {
@@ -27,9 +35,25 @@ impl Script {
             .set_name("script")
             .into_function()
             .map_err(|e| format!("does not compile: {e}"))?;
+        let steps = Arc::new(AtomicU32::new(0));
+        let counter = steps.clone();
+        lua.set_hook(
+            HookTriggers::new().every_nth_instruction(1000),
+            move |_, _| {
+                if counter.fetch_add(1, Ordering::Relaxed) >= BUDGET_STEPS {
+                    Err(mlua::Error::runtime(
+                        "the script ran out of its instruction budget (10 million)",
+                    ))
+                } else {
+                    Ok(VmState::Continue)
+                }
+            },
+        )
+        .map_err(|e| e.to_string())?;
         Ok(Script {
             text: code.to_owned(),
             lua: Mutex::new((lua, f)),
+            steps,
         })
     }
 
@@ -45,10 +69,15 @@ impl Script {
         }
         let guard = self.lua.lock().unwrap_or_else(|p| p.into_inner());
         let (lua, f) = &*guard;
-        let table = lua.to_value(&json).map_err(|e| e.to_string())?;
-        lua.globals()
-            .set("event", table)
-            .map_err(|e| e.to_string())?;
+        let err = |e: mlua::Error| e.to_string();
+        let table = lua.to_value(&json).map_err(err)?;
+        let env = lua.create_table().map_err(err)?;
+        let meta = lua.create_table().map_err(err)?;
+        meta.set("__index", lua.globals()).map_err(err)?;
+        env.set_metatable(Some(meta)).map_err(err)?;
+        env.set("event", table).map_err(err)?;
+        f.set_environment(env).map_err(err)?;
+        self.steps.store(0, Ordering::Relaxed);
         let out: Value = f.call(()).map_err(|e| format!("script failed: {e}"))?;
         then(lua, out)
     }
@@ -128,5 +157,22 @@ mod tests {
             .contains("not a table"));
         // Lua 5.1: no integer division operator
         assert!(Script::compile("return 7 // 2").is_err());
+    }
+
+    #[test]
+    fn globals_do_not_leak_between_events_and_loops_are_stopped() {
+        let s = Script::compile("count = (count or 0) + 1\nreturn count == 1").unwrap();
+        assert!(s.filter(b"{}").unwrap());
+        assert!(
+            s.filter(b"{}").unwrap(),
+            "a global from the last event leaked"
+        );
+        let spin = Script::compile("while true do end").unwrap();
+        assert!(spin
+            .filter(b"{}")
+            .unwrap_err()
+            .contains("instruction budget"));
+        // The state is usable after a stopped script.
+        assert!(s.filter(b"{}").unwrap());
     }
 }

@@ -20,7 +20,7 @@ fn filters(cfg: serde_json::Value, logic: Logic) -> Result<Filters, String> {
 
 /// (pass, error) as Argo's filter functions return them.
 fn eval(f: &Filters, e: &Event) -> (bool, bool) {
-    let v = f.eval(&expr::root_context(), e);
+    let v = f.eval(&expr::root_context(), e, crate::run::data_text(e));
     (v.pass, !v.errors.is_empty())
 }
 
@@ -1467,6 +1467,177 @@ async fn transform_runs_before_the_filters_and_its_result_reaches_the_trigger() 
     item.delivery.delivered();
     assert!(p.await.is_delivered());
     assert!(out.try_next().is_none());
+    rig.close();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+fn saved(store: &Arc<sluice_core::state::MemoryStateStore>, table: &str) -> usize {
+    let mut n = 0;
+    store.scan(table, &mut |_, _| n += 1).unwrap();
+    n
+}
+
+#[tokio::test]
+async fn a_stop_in_the_middle_of_an_at_least_once_run_keeps_the_saved_events() {
+    let mut cfg = release_cfg();
+    cfg["triggers"][0]["atLeastOnce"] = json!(true);
+    let store = {
+        let mut rig = ProcessorRig::addressing("alo", &["gh", "cron"], &["api"]);
+        let mut api = rig.capture_of("api");
+        let task = start(&mut rig, "alo", cfg.clone()).await;
+        assert!(rig
+            .sender_of("gh")
+            .send(vec![push("p1", "refs/heads/main", "c1")])
+            .await
+            .await
+            .is_delivered());
+        let pending = rig.sender_of("cron").send(vec![nightly("n1")]).await;
+        // The run is under way (the sink holds it) when the grace period ends.
+        let held = api.next_within(Duration::from_secs(5)).await;
+        rig.grace_over.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+        drop(held);
+        assert_eq!(
+            pending.await.status,
+            Status::Failed,
+            "the nightly event is not acknowledged"
+        );
+        rig.state.clone()
+    };
+    assert_eq!(
+        saved(&store, "sensor.alo"),
+        2,
+        "both events are still saved"
+    );
+    // Next start: the sender redelivers the nightly event, which fires with the saved push.
+    let mut rig = ProcessorRig::addressing("alo", &["gh", "cron"], &["api"]);
+    rig.state = store.clone();
+    let mut api = rig.capture_of("api");
+    let task = start(&mut rig, "alo", cfg).await;
+    let p = rig.sender_of("cron").send(vec![nightly("n1")]).await;
+    let item = api.next_within(Duration::from_secs(5)).await;
+    assert_eq!(data(&item.event)["commit"], "c1");
+    item.delivery.delivered();
+    assert!(p.await.is_delivered());
+    rig.close();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(saved(&store, "sensor.alo"), 0, "spent once delivered");
+}
+
+#[tokio::test]
+async fn a_failed_then_retried_run_leaves_nothing_saved() {
+    let mut rig = ProcessorRig::addressing("fr", &["gh", "cron"], &["api"]);
+    let mut api = rig.capture_of("api");
+    let mut cfg = release_cfg();
+    cfg["triggers"][0]["atLeastOnce"] = json!(true);
+    let task = start(&mut rig, "fr", cfg).await;
+    assert!(rig
+        .sender_of("gh")
+        .send(vec![push("p1", "refs/heads/main", "c1")])
+        .await
+        .await
+        .is_delivered());
+    let p = rig.sender_of("cron").send(vec![nightly("n1")]).await;
+    api.next_within(Duration::from_secs(5))
+        .await
+        .delivery
+        .failed("down");
+    assert_eq!(p.await.status, Status::Failed);
+    let p = rig.sender_of("cron").send(vec![nightly("n1")]).await;
+    api.next_within(Duration::from_secs(5))
+        .await
+        .delivery
+        .delivered();
+    assert!(p.await.is_delivered());
+    rig.close();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        saved(&rig.state, "sensor.fr"),
+        0,
+        "a spent event stayed saved"
+    );
+}
+
+#[tokio::test]
+async fn every_trigger_on_a_reset_schedule_is_cleared_even_under_traffic() {
+    let mut rig = ProcessorRig::addressing("rs", &["a", "b", "noise", "other"], &["out"]);
+    let out = rig.capture_of("out").auto(Status::Delivered);
+    let reset = json!([{"byTime": {"cron": "* * * * * *"}}]);
+    let task = start(&mut rig, "rs", json!({
+        "dependencies": [{"name": "a", "source": "a"}, {"name": "b", "source": "b"}, {"name": "n", "source": "noise"}],
+        "triggers": [
+            {"name": "one", "sink": "out", "conditions": "a && b", "conditionsReset": reset},
+            {"name": "two", "sink": "out", "conditions": "a && n", "conditionsReset": reset}
+        ]
+    })).await;
+    assert!(rig
+        .sender_of("a")
+        .send(vec![Event::new("a1", "/a", "t")])
+        .await
+        .await
+        .is_delivered());
+    // Steady input (from a source no dependency reads) while the ticks pass: the sensor is
+    // busy with input at every tick and must still clear both triggers.
+    let started = std::time::Instant::now();
+    let mut i = 0;
+    while started.elapsed() < Duration::from_millis(2100) {
+        i += 1;
+        let o = rig
+            .sender_of("other")
+            .send(vec![Event::new(format!("o{i}"), "/o", "t")])
+            .await
+            .await;
+        assert!(o.is_delivered());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(i > 100, "{i} inputs");
+    assert_eq!(
+        metric(
+            "sluice_sensor_state_events",
+            &[("sensor", "rs"), ("trigger", "one")]
+        ),
+        0.0
+    );
+    assert_eq!(
+        metric(
+            "sluice_sensor_state_events",
+            &[("sensor", "rs"), ("trigger", "two")]
+        ),
+        0.0
+    );
+    assert!(
+        metric(
+            "sluice_sensor_state_evictions_total",
+            &[("sensor", "rs"), ("trigger", "one"), ("reason", "reset")]
+        ) >= 1.0
+    );
+    assert!(
+        metric(
+            "sluice_sensor_state_evictions_total",
+            &[("sensor", "rs"), ("trigger", "two"), ("reason", "reset")]
+        ) >= 1.0
+    );
+    // After the reset, b alone does not fire `one`.
+    assert!(rig
+        .sender_of("b")
+        .send(vec![Event::new("b1", "/b", "t")])
+        .await
+        .await
+        .is_delivered());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(out.len(), 0);
     rig.close();
     tokio::time::timeout(Duration::from_secs(5), task)
         .await

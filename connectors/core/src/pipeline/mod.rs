@@ -140,13 +140,31 @@ impl SourceSender {
             .iter()
             .copied()
             .find(|&q| &*p.sinks[q].shared.name == name)
-            .map(Target)
+            .map(|queue| Target {
+                stage: self.source,
+                queue,
+            })
     }
 
     /// Hands one unit's events to one addressed queue, past the routes (and, as every
     /// processor output, past dedup), waiting for room as [`SourceSender::send`] does.
     pub async fn send_to(&self, target: Target, events: Vec<Event>) -> Pending {
-        self.dispatch_to(events, SendOptions::default(), Some(target.0))
+        if target.stage != self.source {
+            // A target resolved by another stage's sender: refused, never queued.
+            let (unit, rx) = Unit::new(events.len(), None, self.name.clone());
+            let guard = RoutingGuard::new(unit);
+            for idx in 0..events.len() {
+                guard.unit.settle(
+                    idx,
+                    Status::Rejected,
+                    Some("send_to: a target of another stage".into()),
+                    false,
+                );
+            }
+            guard.finish();
+            return Pending { rx, deadline: None };
+        }
+        self.dispatch_to(events, SendOptions::default(), Some(target.queue))
             .await
     }
 
@@ -279,9 +297,13 @@ impl SourceSender {
     }
 }
 
-/// A queue a stage addresses by name ([`SourceSender::target`]).
+/// A queue a stage addresses by name ([`SourceSender::target`]); only that stage's senders
+/// can send to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Target(usize);
+pub struct Target {
+    stage: usize,
+    queue: usize,
+}
 
 /// Resolves to the [`Outcome`] of one inbound unit.
 pub struct Pending {
@@ -1014,5 +1036,54 @@ mod tests {
             let again = b.senders[0].send(vec![ev("same")]).await.await;
             assert_eq!((again.status, again.duplicates), (Status::Delivered, 1));
         }
+    }
+}
+
+#[cfg(test)]
+mod addressed_tests {
+    use super::wiring::*;
+    use super::*;
+
+    #[tokio::test]
+    async fn addressed_targets_are_reached_only_by_send_to_and_only_by_their_stage() {
+        let spec = PipelineSpec {
+            sources: vec!["a".into(), "b".into()],
+            sinks: vec![SinkSpec {
+                name: "out".into(),
+                queue_events: 16,
+                queue_bytes: 1 << 20,
+                when_full: WhenFull::Block,
+                dead_letter: None,
+            }],
+            processors: Vec::new(),
+            routes: Vec::new(),
+            addressed: vec![(0, 0)],
+            dedup: None,
+            dedup_persistent: false,
+            memory_budget: 1 << 20,
+            unrouted: Unrouted::Ack,
+        };
+        let built = build(&spec);
+        let (a, b) = (&built.senders[0], &built.senders[1]);
+        let mut out = built.inputs.into_iter().next().unwrap();
+        assert!(b.target("out").is_none(), "b does not address `out`");
+        let t = a.target("out").expect("a addresses `out`");
+        // A plain send uses no route: unrouted (acknowledged), nothing queued.
+        assert!(a
+            .send(vec![Event::new("1", "/s", "t")])
+            .await
+            .await
+            .is_delivered());
+        assert!(out.try_recv().is_none());
+        // send_to queues it, and the delivery carries the sender's name.
+        let p = a.send_to(t, vec![Event::new("2", "/s", "t")]).await;
+        let item = out.try_recv().expect("queued");
+        assert_eq!((item.event.id.as_str(), item.delivery.origin()), ("2", "a"));
+        item.delivery.delivered();
+        assert!(p.await.is_delivered());
+        // Another stage's sender cannot use a's target.
+        let o = b.send_to(t, vec![Event::new("3", "/s", "t")]).await.await;
+        assert_eq!(o.status, Status::Rejected);
+        assert!(out.try_recv().is_none());
     }
 }
