@@ -339,6 +339,11 @@ pub fn kinds() -> Vec<Kind> {
             "slack",
             "Slack trigger: chat.postMessage per event (channel and text from templates or the event's data), threads by key, delivered on ok: true",
         ),
+        #[cfg(feature = "email")]
+        sink::<sluice_email::EmailSinkConfig>(
+            "email",
+            "Email trigger: one message per event over SMTP (STARTTLS or TLS), delivered when the server accepted it",
+        ),
         #[cfg(feature = "transform")]
         processor::<sluice_transform::SetConfig>(
             "set",

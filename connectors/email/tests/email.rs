@@ -1,0 +1,156 @@
+//! The email sink against a real SMTP server: aiosmtpd, which `scripts/test.sh` installs in
+//! `target/pyenv` (the test fails, naming the script, when it is missing).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::json;
+use sluice_core::testkit::{free_port, start_sink};
+use sluice_core::{Event, SinkConfig, Status};
+use sluice_email::EmailSinkConfig;
+
+struct Smtp {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl Drop for Smtp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn smtp() -> Smtp {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pyenv/bin/python");
+    assert!(
+        root.exists(),
+        "{} is missing: run scripts/test.sh, which installs aiosmtpd there",
+        root.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("mail");
+    let port = free_port();
+    let mut child = Command::new(&root)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtp_server.py"))
+        .arg(port.to_string())
+        .arg(&dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "READY", "the SMTP server did not start");
+    Smtp {
+        child,
+        port,
+        dir,
+        _tmp: tmp,
+    }
+}
+
+fn mails(dir: &Path) -> Vec<String> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map(|r| r.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn mail_is_delivered_when_the_server_accepted_it() {
+    let s = smtp();
+    let rig = start_sink::<EmailSinkConfig>(
+        "mail",
+        json!({"host": "127.0.0.1", "port": s.port, "security": "none", "from": "Sluice <sluice@example.com>",
+               "to": ["ops@example.com"], "subject": "{type} for {subject}", "body": "event {id} from {source}"}),
+    )
+    .await;
+    let o = rig
+        .send(vec![
+            Event::new("e-1", "/ci", "build.finished").with_subject("app")
+        ])
+        .await;
+    assert_eq!(o.status, Status::Delivered, "{o:?}");
+    // A sensor payload's data members win.
+    let data = json!({"to": ["dev@example.com", "qa@example.com"], "subject": "Release abc123", "body": "Hi team,\n\n\tabc123 is out."});
+    let o = rig
+        .send(vec![Event::new(
+            "e-2",
+            "/sensors/release",
+            "sluice.sensor.notify",
+        )
+        .with_json(data.to_string())])
+        .await;
+    assert_eq!(o.status, Status::Delivered, "{o:?}");
+    let got = mails(&s.dir);
+    assert_eq!(got.len(), 2);
+    assert!(
+        got[0].contains("X-Envelope-To: ops@example.com"),
+        "{}",
+        got[0]
+    );
+    assert!(
+        got[0].contains("Subject: build.finished for app"),
+        "{}",
+        got[0]
+    );
+    assert!(got[0].contains("event e-1 from /ci"), "{}", got[0]);
+    assert!(
+        got[0].contains("From: Sluice <sluice@example.com>"),
+        "{}",
+        got[0]
+    );
+    assert!(
+        got[1].contains("X-Envelope-To: dev@example.com,qa@example.com"),
+        "{}",
+        got[1]
+    );
+    assert!(got[1].contains("Subject: Release abc123"), "{}", got[1]);
+    assert!(got[1].contains("abc123 is out."), "{}", got[1]);
+}
+
+#[tokio::test]
+async fn refusals_reject_temporary_errors_and_outages_fail() {
+    let s = smtp();
+    let base = |to: &str, port: u16| json!({"host": "127.0.0.1", "port": port, "security": "none", "from": "sluice@example.com", "to": [to], "timeout": "5s"});
+    let rig = start_sink::<EmailSinkConfig>("mail-550", base("x@nowhere.invalid", s.port)).await;
+    let o = rig.send(vec![Event::new("1", "/s", "t")]).await;
+    assert_eq!(o.status, Status::Rejected, "{o:?}");
+    assert!(o.reason.unwrap().contains("no such user"));
+    let rig = start_sink::<EmailSinkConfig>("mail-451", base("busy@example.com", s.port)).await;
+    let o = rig.send(vec![Event::new("1", "/s", "t")]).await;
+    assert_eq!(o.status, Status::Failed, "{o:?}");
+    let rig =
+        start_sink::<EmailSinkConfig>("mail-gone", base("ops@example.com", free_port())).await;
+    let o = rig.send(vec![Event::new("1", "/s", "t")]).await;
+    assert_eq!(o.status, Status::Failed, "{o:?}");
+    assert!(mails(&s.dir).is_empty());
+}
+
+#[test]
+fn bad_configs_are_refused() {
+    let bad = |v: serde_json::Value| {
+        serde_json::from_value::<EmailSinkConfig>(v)
+            .unwrap()
+            .validate("m")
+            .unwrap_err()
+    };
+    assert!(bad(json!({"host": "h", "from": "not an address"})).contains("from"));
+    assert!(bad(json!({"host": "h", "from": "a@b.c", "to": ["x"]})).contains("to"));
+    assert!(bad(json!({"host": "h", "from": "a@b.c", "username": "u"})).contains("together"));
+    assert!(bad(
+        json!({"host": "h", "from": "a@b.c", "security": "none", "username": "u", "password": "p"})
+    )
+    .contains("clear"));
+    assert!(bad(json!({"host": "h", "from": "a@b.c", "subject": "{x"})).contains("unclosed"));
+}
