@@ -13,7 +13,7 @@ use lettre::transport::smtp::client::{Tls, TlsParameters};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use serde::Deserialize;
 use serde_json::Value;
-use sluice_core::pipeline::{SinkWindow, Step};
+use sluice_core::pipeline::serve_each;
 use sluice_core::template::Template;
 use sluice_core::units::HumanDuration;
 use sluice_core::{BoxFuture, ConnectorError, Event, Running, SinkConfig, SinkContext, SinkItem};
@@ -174,29 +174,11 @@ impl SinkConfig for EmailSinkConfig {
             tracing::info!(sink = %ctx.name, host = %self.host, security = ?self.security, "email sink ready");
             let concurrency = self.concurrency;
             let running: Running = Box::pin(async move {
-                let mut input = ctx.input;
-                let mut window = SinkWindow::new(concurrency);
-                let mut batch = Vec::new();
-                loop {
-                    match window
-                        .step(&ctx.grace_over, true, |room| {
-                            input.recv_many(&mut batch, room)
-                        })
-                        .await
-                    {
-                        Step::GraceOver => return Ok(()),
-                        Step::Settled | Step::Idle => {}
-                        Step::Input(0) => {
-                            window.drain_until(&ctx.grace_over).await;
-                            return Ok(());
-                        }
-                        Step::Input(_) => {
-                            for item in batch.drain(..) {
-                                window.push(deliver(mailer.clone(), item));
-                            }
-                        }
-                    }
-                }
+                serve_each(ctx.input, ctx.grace_over, concurrency, |item| {
+                    deliver(mailer.clone(), item)
+                })
+                .await;
+                Ok(())
             });
             Ok(running)
         })

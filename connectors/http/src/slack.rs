@@ -16,7 +16,7 @@ use http::{Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use sluice_core::pipeline::{SinkWindow, Step};
+use sluice_core::pipeline::serve_each;
 use sluice_core::template::Template;
 use sluice_core::units::HumanDuration;
 use sluice_core::{BoxFuture, ConnectorError, Event, Running, SinkConfig, SinkContext, SinkItem};
@@ -193,29 +193,12 @@ impl SinkConfig for SlackSinkConfig {
             tracing::info!(sink = %ctx.name, api = %slack.uri.authority().map(|a| a.as_str()).unwrap_or(""), "slack sink ready");
             let concurrency = self.concurrency;
             let running: Running = Box::pin(async move {
-                let mut input = ctx.input;
-                let mut window = SinkWindow::new(concurrency);
-                let mut batch = Vec::new();
-                loop {
-                    let step = window
-                        .step(&ctx.grace_over, true, |room| {
-                            input.recv_many(&mut batch, room)
-                        })
-                        .await;
-                    match step {
-                        Step::GraceOver => return Ok(()),
-                        Step::Settled | Step::Idle => {}
-                        Step::Input(0) => {
-                            window.drain_until(&ctx.grace_over).await;
-                            return Ok(());
-                        }
-                        Step::Input(_) => {
-                            for item in batch.drain(..) {
-                                window.push(deliver(slack.clone(), item, ctx.grace_over.clone()));
-                            }
-                        }
-                    }
-                }
+                let grace = ctx.grace_over.clone();
+                serve_each(ctx.input, ctx.grace_over, concurrency, |item| {
+                    deliver(slack.clone(), item, grace.clone())
+                })
+                .await;
+                Ok(())
             });
             Ok(running)
         })

@@ -890,6 +890,15 @@ async fn start(
     })
 }
 
+/// Closes the rig's feeds and waits for the sensor to drain and return.
+async fn stop(rig: &mut ProcessorRig, task: tokio::task::JoinHandle<()>) {
+    rig.close();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
 fn push(id: &str, r: &str, after: &str) -> Event {
     Event::new(id, "https://github.com/acme/app", "com.github.push")
         .with_json(format!(r#"{{"ref":"{r}","after":"{after}","size":12}}"#))
@@ -986,11 +995,7 @@ async fn fires_once_when_both_dependencies_arrived_with_the_payload_built() {
         "the output id is made from other inputs"
     );
     again.delivery.delivered();
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
     assert!(
         metric(
             "sluice_sensor_dependency_events_total",
@@ -1042,11 +1047,7 @@ async fn pure_or_fires_per_event_and_without_payload_forwards_the_event() {
         item.delivery.delivered();
         assert!(p.await.is_delivered());
     }
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
 }
 
 #[tokio::test]
@@ -1060,11 +1061,7 @@ async fn partial_state_survives_a_restart() {
             .await
             .await
             .is_delivered());
-        rig.close();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .unwrap()
-            .unwrap();
+        stop(&mut rig, task).await;
         rig.state.clone()
     };
     let mut rig = ProcessorRig::addressing("rel", &["gh", "cron"], &["api"]);
@@ -1084,11 +1081,7 @@ async fn partial_state_survives_a_restart() {
     let mut left = 0;
     rig.state.scan("sensor.rel", &mut |_, _| left += 1).unwrap();
     assert_eq!(left, 0);
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
 }
 
 #[tokio::test]
@@ -1105,11 +1098,7 @@ async fn entries_older_than_the_last_reset_tick_are_dropped_at_start() {
             .await
             .await
             .is_delivered());
-        rig.close();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .unwrap()
-            .unwrap();
+        stop(&mut rig, task).await;
         rig.state.clone()
     };
     // Age the saved entry to before the last midnight.
@@ -1138,11 +1127,7 @@ async fn entries_older_than_the_last_reset_tick_are_dropped_at_start() {
         api.try_next().is_none(),
         "a push from before the reset fired the trigger"
     );
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
 }
 
 #[tokio::test]
@@ -1179,11 +1164,7 @@ async fn retries_then_succeeds_and_at_least_once_waits_for_it() {
             &[("sensor", "r"), ("trigger", "t")]
         ) >= 2.0
     );
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
 }
 
 #[tokio::test]
@@ -1224,11 +1205,7 @@ async fn exhausted_retries_go_to_the_dlq_sink() {
         pending.await.is_delivered(),
         "dead-lettered counts as handled"
     );
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
 }
 
 #[tokio::test]
@@ -1257,11 +1234,7 @@ async fn a_failed_at_least_once_run_fails_upstream_and_keeps_the_partial_match()
     assert_eq!(data(&item.event)["commit"], "c1");
     item.delivery.delivered();
     assert!(p.await.is_delivered());
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
 }
 
 #[tokio::test]
@@ -1290,11 +1263,7 @@ async fn at_most_once_settles_before_the_trigger_finishes() {
         .await
         .delivery
         .failed("down");
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
 }
 
 #[tokio::test]
@@ -1336,11 +1305,7 @@ async fn correlate_by_joins_per_key() {
         ),
         1.0
     );
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
 }
 
 #[tokio::test]
@@ -1365,11 +1330,7 @@ async fn rate_limit_spaces_the_runs() {
         "{:?}",
         started.elapsed()
     );
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
 }
 
 #[test]
@@ -1467,11 +1428,7 @@ async fn transform_runs_before_the_filters_and_its_result_reaches_the_trigger() 
     item.delivery.delivered();
     assert!(p.await.is_delivered());
     assert!(out.try_next().is_none());
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
 }
 
 fn saved(store: &Arc<sluice_core::state::MemoryStateStore>, table: &str) -> usize {
@@ -1525,11 +1482,7 @@ async fn a_stop_in_the_middle_of_an_at_least_once_run_keeps_the_saved_events() {
     assert_eq!(data(&item.event)["commit"], "c1");
     item.delivery.delivered();
     assert!(p.await.is_delivered());
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
     assert_eq!(saved(&store, "sensor.alo"), 0, "spent once delivered");
 }
 
@@ -1558,11 +1511,7 @@ async fn a_failed_then_retried_run_leaves_nothing_saved() {
         .delivery
         .delivered();
     assert!(p.await.is_delivered());
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
     assert_eq!(
         saved(&rig.state, "sensor.fr"),
         0,
@@ -1638,9 +1587,5 @@ async fn every_trigger_on_a_reset_schedule_is_cleared_even_under_traffic() {
         .is_delivered());
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(out.len(), 0);
-    rig.close();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(&mut rig, task).await;
 }

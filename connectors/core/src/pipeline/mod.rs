@@ -24,7 +24,7 @@ pub use ack::{
 };
 pub use chain::hand_off;
 pub use queue::{SinkInput, SinkItem, WhenFull};
-pub use window::{SinkWindow, Step};
+pub use window::{serve_each, SinkWindow, Step};
 
 use crate::event::Event;
 use crate::telemetry::SourceTelemetry;

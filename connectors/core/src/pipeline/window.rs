@@ -122,6 +122,31 @@ impl<F: Future<Output = ()>> SinkWindow<F> {
     }
 }
 
+/// The whole loop of a sink that delivers each event on its own: takes events while fewer
+/// than `limit` deliveries are in flight, runs `deliver(item)` for each (the future reports the
+/// item's delivery), and returns once the input ended and every delivery settled, or when the
+/// grace period is over (what is in flight is dropped, and so reported failed).
+pub async fn serve_each<F: Future<Output = ()>>(
+    mut input: crate::pipeline::SinkInput,
+    grace_over: CancellationToken,
+    limit: usize,
+    mut deliver: impl FnMut(crate::pipeline::SinkItem) -> F,
+) {
+    let mut window = SinkWindow::new(limit);
+    let mut batch = Vec::new();
+    loop {
+        let step = window
+            .step(&grace_over, true, |room| input.recv_many(&mut batch, room))
+            .await;
+        match step {
+            Step::GraceOver => return,
+            Step::Settled | Step::Idle => {}
+            Step::Input(0) => return window.drain_until(&grace_over).await,
+            Step::Input(_) => batch.drain(..).for_each(|item| window.push(deliver(item))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
