@@ -442,6 +442,24 @@ impl Ctx<'_> {
         });
     }
 
+    /// A connector's `validate` error. When its message starts with the dotted path of the
+    /// option it is about (`triggers.0.conditions: …`), it is placed at that option; otherwise
+    /// at the connector's key.
+    fn connector_err(&mut self, base: &[String], shown: String, msg: &str) {
+        let path = msg.split_once(": ").map(|(p, _)| p).filter(|p| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        });
+        match path {
+            Some(p) => {
+                let full: Vec<String> = base.iter().cloned().chain(p.split('.').map(seg)).collect();
+                self.err(&full, false, shown)
+            }
+            None => self.err(base, true, shown),
+        }
+    }
+
     /// Deserializes `value` (found at `base`) into `T`, recording a located error on failure.
     pub(crate) fn de<T: DeserializeOwned>(&mut self, value: Value, base: &[String]) -> Option<T> {
         match serde_path_to_error::deserialize::<_, T>(value) {
@@ -779,7 +797,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                         continue;
                     };
                     if let Err(msg) = cfg.validate(&name) {
-                        cx.err(&base, true, format!("{section}.{name}: {msg}"));
+                        cx.connector_err(&base, format!("{section}.{name}: {msg}"), &msg);
                     }
                     sources.push(SourceEntry {
                         name,
@@ -795,7 +813,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                         continue;
                     };
                     if let Err(msg) = cfg.validate(&name) {
-                        cx.err(&base, true, format!("{section}.{name}: {msg}"));
+                        cx.connector_err(&base, format!("{section}.{name}: {msg}"), &msg);
                     }
                     processors.push(ProcessorEntry {
                         name,
@@ -812,7 +830,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
                         continue;
                     };
                     if let Err(msg) = cfg.validate(&name) {
-                        cx.err(&base, true, format!("{section}.{name}: {msg}"));
+                        cx.connector_err(&base, format!("{section}.{name}: {msg}"), &msg);
                     }
                     sinks.push(SinkEntry {
                         name,
@@ -1261,7 +1279,7 @@ sinks:
         assert!(e.contains("t.yaml:8:31: sensors.release.triggers.0.sink: no sink or processor named `apii` (did you mean `api`?)"), "{e}");
         assert!(
             e.contains(
-                "t.yaml:4:3: sensors.release: triggers.0.conditions: `x` is not a dependency"
+                "t.yaml:8:49: sensors.release: triggers.0.conditions: `x` is not a dependency"
             ),
             "{e}"
         );
