@@ -329,6 +329,11 @@ pub fn kinds() -> Vec<Kind> {
             "sns",
             "Amazon SNS PublishBatch (FIFO topics), delivered = the entry SNS confirmed",
         ),
+        #[cfg(feature = "aws")]
+        sink::<sluice_aws::LambdaSinkConfig>(
+            "aws-lambda",
+            "AWS Lambda trigger: Invoke per event, delivered when the function returned without an error (or Lambda queued it)",
+        ),
         #[cfg(feature = "http")]
         sink::<sluice_http::HttpSinkConfig>(
             "http",

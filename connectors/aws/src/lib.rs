@@ -10,12 +10,15 @@
 //! - `kind: sns` source: an HTTP(S) endpoint for SNS subscriptions, signatures verified.
 //! - `kind: sqs` and `kind: sns` sinks: `SendMessageBatch` / `PublishBatch`; delivered = AWS
 //!   confirmed that entry.
+//! - `kind: aws-lambda` sink (the Lambda trigger): `Invoke`; delivered = the function returned
+//!   without an error (or, `invocation_type: Event`, Lambda queued the invocation).
 //!
 //! Credentials and region come from the standard chain (environment, profile, web identity /
 //! IRSA, container and instance roles); `endpoint` points at an S3-compatible store or a test
 //! server; `assume_role` assumes a role on top of the chain.
 
 mod attrs;
+mod lambda;
 mod s3;
 mod sink;
 mod sns;
@@ -26,6 +29,7 @@ use std::time::Duration;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use serde::Deserialize;
 
+pub use lambda::LambdaSinkConfig;
 pub use s3::{S3Mode, S3SourceConfig};
 pub use sink::{SnsSinkConfig, SqsSinkConfig};
 pub use sns::SnsSourceConfig;

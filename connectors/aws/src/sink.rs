@@ -145,12 +145,12 @@ pub(crate) struct BatchAnswer {
 /// A batch call that failed as a whole: `sender_fault` when AWS blames the request (one bad
 /// entry makes SQS refuse the whole batch), else a transient failure.
 pub(crate) struct BatchError {
-    sender_fault: bool,
-    reason: String,
+    pub(crate) sender_fault: bool,
+    pub(crate) reason: String,
 }
 
 impl BatchError {
-    fn from_sdk<E>(
+    pub(crate) fn from_sdk<E>(
         verb: &str,
         e: &aws_sdk_sqs::error::SdkError<E, aws_sdk_sqs::config::http::HttpResponse>,
     ) -> BatchError

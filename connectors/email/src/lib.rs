@@ -246,7 +246,7 @@ async fn deliver(m: Arc<Mailer>, item: SinkItem) {
     let SinkItem { event, delivery } = item;
     let msg = match message(&m.rest, &event) {
         Ok(msg) => msg,
-        Err(reason) => return delivery.rejected(format!("email sink {}: {reason}", m.rest.sink)),
+        Err(reason) => return delivery.rejected(reason),
     };
     match m.transport.send(msg).await {
         Ok(_) => delivery.delivered(),
@@ -254,7 +254,7 @@ async fn deliver(m: Arc<Mailer>, item: SinkItem) {
             // 5xx: the server refused for good (bad recipient, policy); the rest may pass later.
             let permanent = e.is_permanent();
             tracing::warn!(sink = %m.rest.sink, id = %event.id, permanent, error = %e, "email: message not accepted");
-            let reason = format!("email sink {}: {e}", m.rest.sink);
+            let reason = e.to_string();
             if permanent {
                 delivery.rejected(reason)
             } else {

@@ -348,7 +348,7 @@ async fn deliver(s: Arc<Slack>, item: SinkItem, grace_over: CancellationToken) {
     let SinkItem { event, delivery } = item;
     let mut msg = match body(&s, &event) {
         Ok(m) => m,
-        Err(reason) => return delivery.rejected(format!("slack sink {}: {reason}", s.sink)),
+        Err(reason) => return delivery.rejected(reason),
     };
     let key = s
         .key
@@ -382,7 +382,7 @@ async fn deliver(s: Arc<Slack>, item: SinkItem, grace_over: CancellationToken) {
                         s.retries.increment(1);
                         tokio::select! {
                             _ = tokio::time::sleep(wait) => {}
-                            _ = grace_over.cancelled() => return delivery.failed(format!("slack sink {}: stopped while waiting to retry ({r})", s.sink)),
+                            _ = grace_over.cancelled() => return delivery.failed(format!("stopped while waiting to retry ({r})")),
                         }
                     }
                 }
