@@ -109,7 +109,7 @@ pub struct TriggerConfig {
     pub at_least_once: bool,
     /// A sink for what still failed after the retries.
     #[serde(default, rename = "dlqTrigger")]
-    pub dlq_trigger: Option<String>,
+    pub dlq_trigger: Option<DlqTrigger>,
     /// Beyond Argo: a gjson path into the events' data; the condition is then evaluated per
     /// value (e.g. per order id) instead of over the latest event of each dependency.
     #[serde(default)]
@@ -128,6 +128,26 @@ pub struct TriggerConfig {
 
 fn default_max_keys() -> usize {
     10_000
+}
+
+/// `dlqTrigger`: a sink (what failed goes there, with `deadlettersink` and
+/// `deadletterreason` extensions), or a whole trigger as in Argo, run with the same events
+/// after the retries (its own `sink`, `payload`, `parameters`, `retryStrategy`; no condition
+/// and no `dlqTrigger` of its own).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum DlqTrigger {
+    Sink(String),
+    Trigger(Box<TriggerConfig>),
+}
+
+impl DlqTrigger {
+    fn sink(&self) -> &str {
+        match self {
+            DlqTrigger::Sink(s) => s,
+            DlqTrigger::Trigger(t) => &t.sink,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -295,15 +315,22 @@ impl ProcessorConfig for SensorConfig {
             }
         }
         for (i, t) in self.triggers.iter().enumerate() {
-            for (key, sink) in [
-                ("sink", Some(&t.sink)),
-                ("dlqTrigger", t.dlq_trigger.as_ref()),
-            ] {
-                if let Some(sink) = sink {
-                    if !w.targets.iter().any(|s| &s.name == sink) {
-                        w.targets
-                            .push(stage(sink, ["triggers".into(), i.to_string(), key.into()]));
-                    }
+            let mut named = vec![(t.sink.as_str(), vec!["sink"])];
+            match &t.dlq_trigger {
+                Some(DlqTrigger::Sink(s)) => named.push((s.as_str(), vec!["dlqTrigger"])),
+                Some(DlqTrigger::Trigger(d)) => {
+                    named.push((d.sink.as_str(), vec!["dlqTrigger", "sink"]))
+                }
+                None => {}
+            }
+            for (sink, keys) in named {
+                if !w.targets.iter().any(|s| s.name == sink) {
+                    let mut path = vec!["triggers".to_string(), i.to_string()];
+                    path.extend(keys.iter().map(|k| k.to_string()));
+                    w.targets.push(NamedStage {
+                        name: sink.to_owned(),
+                        path,
+                    });
                 }
             }
         }

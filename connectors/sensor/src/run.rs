@@ -59,7 +59,7 @@ pub(crate) struct Trigger {
     deps: Vec<usize>,
     pure_or: bool,
     sink: String,
-    dlq: Option<String>,
+    dlq: Option<Dlq>,
     payload: Vec<Param>,
     parameters: Vec<Param>,
     retry: Retry,
@@ -71,6 +71,21 @@ pub(crate) struct Trigger {
     ttl: Option<Duration>,
     ty: String,
     counters: TriggerCounters,
+}
+
+/// Where what still failed after the retries goes.
+pub(crate) enum Dlq {
+    Sink(String),
+    Trigger(Box<Trigger>),
+}
+
+impl Dlq {
+    fn sink(&self) -> &str {
+        match self {
+            Dlq::Sink(s) => s,
+            Dlq::Trigger(t) => &t.sink,
+        }
+    }
 }
 
 pub(crate) struct Sensor {
@@ -95,6 +110,159 @@ fn unique<'a>(names: impl Iterator<Item = &'a str>, what: &str) -> Result<(), St
         seen.push(n);
     }
     Ok(())
+}
+
+/// One trigger of `cfg` (or a trigger's `dlqTrigger`, `nested_ok` false), compiled.
+fn compile_trigger(
+    cfg: &SensorConfig,
+    name: &str,
+    tc: &crate::TriggerConfig,
+    what: &str,
+    nested_ok: bool,
+) -> Result<Trigger, String> {
+    let dep_index = |n: &str| cfg.dependencies.iter().position(|d| d.name == n);
+    let ndeps = cfg.dependencies.len();
+    let cond = match tc.conditions.as_deref() {
+        Some(c) if !c.trim().is_empty() => {
+            condition::parse(c, &dep_index).map_err(|e| format!("{what}.conditions: {e}"))?
+        }
+        _ => Cond::all(ndeps),
+    };
+    let mut tdeps = Vec::new();
+    cond.deps(&mut tdeps);
+    let params = |list: &[crate::ParamConfig], key: &str| -> Result<Vec<Param>, String> {
+        list.iter()
+            .enumerate()
+            .map(|(pi, p)| {
+                let pw = format!("{what}.{key}.{pi}");
+                let d = dep_index(&p.src.dependency_name).ok_or_else(|| {
+                    format!(
+                        "{pw}.src.dependencyName: `{}` is not a dependency of this sensor",
+                        p.src.dependency_name
+                    )
+                })?;
+                Param::compile(p, d, &pw)
+            })
+            .collect()
+    };
+    let payload = params(&tc.payload, "payload")?;
+    let parameters = params(&tc.parameters, "parameters")?;
+    for (pi, p) in tc.parameters.iter().enumerate() {
+        let first = p.dest.split('.').next().unwrap_or("");
+        let ok = matches!(first, "type" | "subject" | "dataschema")
+            || (!matches!(
+                first,
+                "id" | "source" | "specversion" | "time" | "data" | "datacontenttype"
+            ) && check_extension_name(first).is_ok());
+        if !ok || p.dest.contains('.') {
+            return Err(format!(
+                    "{what}.parameters.{pi}.dest: `{}` is not an attribute a trigger may set (type, subject, dataschema, or an extension name)",
+                    p.dest
+                ));
+        }
+    }
+    let mut resets = Vec::new();
+    for (ri, r) in tc.conditions_reset.iter().enumerate() {
+        let cron = Cron::from_str(&r.by_time.cron).map_err(|e| {
+            format!(
+                "{what}.conditionsReset.{ri}.byTime.cron: {:?}: {e}",
+                r.by_time.cron
+            )
+        })?;
+        let tz = match r.by_time.timezone.as_deref().filter(|z| !z.is_empty()) {
+            None => chrono_tz::UTC,
+            Some(z) => z.parse().map_err(|_| {
+                format!(
+                    "{what}.conditionsReset.{ri}.byTime.timezone: {z:?} is not an IANA time zone"
+                )
+            })?,
+        };
+        resets.push((cron, tz));
+    }
+    let rate = match &tc.rate_limit {
+        None => None,
+        Some(r) if r.requests_per_unit == 0 => {
+            return Err(format!(
+                "{what}.rateLimit.requestsPerUnit: must be at least 1"
+            ))
+        }
+        Some(r) => {
+            let unit = match r.unit {
+                crate::RateUnit::Second => 1.0,
+                crate::RateUnit::Minute => 60.0,
+                crate::RateUnit::Hour => 3600.0,
+            };
+            Some(Duration::from_secs_f64(unit / r.requests_per_unit as f64))
+        }
+    };
+    if tc.max_keys == 0 {
+        return Err(format!("{what}.max_keys: must be at least 1"));
+    }
+    if let Some(p) = &tc.correlate_by {
+        if p.is_empty() {
+            return Err(format!("{what}.correlate_by: give a gjson path"));
+        }
+    }
+    if tc.dlq_trigger.is_some() && !nested_ok {
+        return Err(format!(
+            "{what}: a dlqTrigger cannot have a dlqTrigger of its own"
+        ));
+    }
+    let dlq = match &tc.dlq_trigger {
+        None => None,
+        Some(d) if d.sink() == tc.sink => {
+            return Err(format!(
+                "{what}.dlqTrigger: must be another sink than `sink`"
+            ))
+        }
+        Some(crate::DlqTrigger::Sink(s)) => Some(Dlq::Sink(s.clone())),
+        Some(crate::DlqTrigger::Trigger(d)) => {
+            if d.conditions.is_some() || !d.conditions_reset.is_empty() || d.correlate_by.is_some()
+            {
+                return Err(format!("{what}.dlqTrigger: runs with the failed trigger's events; `conditions`, `conditionsReset` and `correlate_by` do not apply"));
+            }
+            Some(Dlq::Trigger(Box::new(compile_trigger(
+                cfg,
+                name,
+                d,
+                &format!("{what}.dlqTrigger"),
+                false,
+            )?)))
+        }
+    };
+    let ty = tc
+        .ty
+        .clone()
+        .unwrap_or_else(|| format!("sluice.sensor.{}", tc.name));
+    sluice_core::event::check_source_and_type(&format!("/sensors/{name}"), &ty)
+        .map_err(|e| format!("{what}.type: {e}"))?;
+    Ok(Trigger {
+        name: tc.name.clone(),
+        pure_or: cond.is_pure_or(),
+        cond,
+        deps: tdeps,
+        sink: tc.sink.clone(),
+        dlq,
+        payload,
+        parameters,
+        retry: Retry::from(&tc.retry_strategy, &format!("{what}.retryStrategy"))?,
+        rate,
+        at_least_once: tc.at_least_once,
+        resets,
+        correlate: tc.correlate_by.clone(),
+        max_keys: tc.max_keys,
+        ttl: tc.state_ttl.map(|d| d.get()),
+        ty,
+        counters: {
+            let c = |r: &'static str| counter!(t::SENSOR_TRIGGERS, "sensor" => name.to_owned(), "trigger" => tc.name.clone(), "result" => r);
+            TriggerCounters {
+                fired: c("fired"),
+                failed: c("failed"),
+                dead_lettered: c("dead_lettered"),
+                retries: counter!(t::SENSOR_TRIGGER_RETRIES, "sensor" => name.to_owned(), "trigger" => tc.name.clone()),
+            }
+        },
+    })
 }
 
 impl Sensor {
@@ -155,130 +323,14 @@ impl Sensor {
                     .collect(),
             });
         }
-        let dep_index = |n: &str| cfg.dependencies.iter().position(|d| d.name == n);
         let mut triggers = Vec::new();
         let mut dep_triggers = vec![Vec::new(); deps.len()];
         for (ti, tc) in cfg.triggers.iter().enumerate() {
-            let what = format!("triggers.{ti}");
-            let cond = match tc.conditions.as_deref() {
-                Some(c) if !c.trim().is_empty() => condition::parse(c, &dep_index)
-                    .map_err(|e| format!("{what}.conditions: {e}"))?,
-                _ => Cond::all(deps.len()),
-            };
-            let mut tdeps = Vec::new();
-            cond.deps(&mut tdeps);
-            for &d in &tdeps {
+            let tr = compile_trigger(cfg, name, tc, &format!("triggers.{ti}"), true)?;
+            for &d in &tr.deps {
                 dep_triggers[d].push(ti);
             }
-            let params = |list: &[crate::ParamConfig], key: &str| -> Result<Vec<Param>, String> {
-                list.iter()
-                    .enumerate()
-                    .map(|(pi, p)| {
-                        let pw = format!("{what}.{key}.{pi}");
-                        let d = dep_index(&p.src.dependency_name).ok_or_else(|| {
-                            format!(
-                                "{pw}.src.dependencyName: `{}` is not a dependency of this sensor",
-                                p.src.dependency_name
-                            )
-                        })?;
-                        Param::compile(p, d, &pw)
-                    })
-                    .collect()
-            };
-            let payload = params(&tc.payload, "payload")?;
-            let parameters = params(&tc.parameters, "parameters")?;
-            for (pi, p) in tc.parameters.iter().enumerate() {
-                let first = p.dest.split('.').next().unwrap_or("");
-                let ok = matches!(first, "type" | "subject" | "dataschema")
-                    || (!matches!(
-                        first,
-                        "id" | "source" | "specversion" | "time" | "data" | "datacontenttype"
-                    ) && check_extension_name(first).is_ok());
-                if !ok || p.dest.contains('.') {
-                    return Err(format!(
-                        "{what}.parameters.{pi}.dest: `{}` is not an attribute a trigger may set (type, subject, dataschema, or an extension name)",
-                        p.dest
-                    ));
-                }
-            }
-            let mut resets = Vec::new();
-            for (ri, r) in tc.conditions_reset.iter().enumerate() {
-                let cron = Cron::from_str(&r.by_time.cron).map_err(|e| {
-                    format!(
-                        "{what}.conditionsReset.{ri}.byTime.cron: {:?}: {e}",
-                        r.by_time.cron
-                    )
-                })?;
-                let tz = match r.by_time.timezone.as_deref().filter(|z| !z.is_empty()) {
-                    None => chrono_tz::UTC,
-                    Some(z) => z.parse().map_err(|_| {
-                        format!("{what}.conditionsReset.{ri}.byTime.timezone: {z:?} is not an IANA time zone")
-                    })?,
-                };
-                resets.push((cron, tz));
-            }
-            let rate = match &tc.rate_limit {
-                None => None,
-                Some(r) if r.requests_per_unit == 0 => {
-                    return Err(format!(
-                        "{what}.rateLimit.requestsPerUnit: must be at least 1"
-                    ))
-                }
-                Some(r) => {
-                    let unit = match r.unit {
-                        crate::RateUnit::Second => 1.0,
-                        crate::RateUnit::Minute => 60.0,
-                        crate::RateUnit::Hour => 3600.0,
-                    };
-                    Some(Duration::from_secs_f64(unit / r.requests_per_unit as f64))
-                }
-            };
-            if tc.max_keys == 0 {
-                return Err(format!("{what}.max_keys: must be at least 1"));
-            }
-            if let Some(p) = &tc.correlate_by {
-                if p.is_empty() {
-                    return Err(format!("{what}.correlate_by: give a gjson path"));
-                }
-            }
-            if tc.dlq_trigger.as_deref() == Some(tc.sink.as_str()) {
-                return Err(format!(
-                    "{what}.dlqTrigger: must be another sink than `sink`"
-                ));
-            }
-            let ty = tc
-                .ty
-                .clone()
-                .unwrap_or_else(|| format!("sluice.sensor.{}", tc.name));
-            sluice_core::event::check_source_and_type(&format!("/sensors/{name}"), &ty)
-                .map_err(|e| format!("{what}.type: {e}"))?;
-            triggers.push(Trigger {
-                name: tc.name.clone(),
-                pure_or: cond.is_pure_or(),
-                cond,
-                deps: tdeps,
-                sink: tc.sink.clone(),
-                dlq: tc.dlq_trigger.clone(),
-                payload,
-                parameters,
-                retry: Retry::from(&tc.retry_strategy, &format!("{what}.retryStrategy"))?,
-                rate,
-                at_least_once: tc.at_least_once,
-                resets,
-                correlate: tc.correlate_by.clone(),
-                max_keys: tc.max_keys,
-                ttl: tc.state_ttl.map(|d| d.get()),
-                ty,
-                counters: {
-                    let c = |r: &'static str| counter!(t::SENSOR_TRIGGERS, "sensor" => name.to_owned(), "trigger" => tc.name.clone(), "result" => r);
-                    TriggerCounters {
-                        fired: c("fired"),
-                        failed: c("failed"),
-                        dead_lettered: c("dead_lettered"),
-                        retries: counter!(t::SENSOR_TRIGGER_RETRIES, "sensor" => name.to_owned(), "trigger" => tc.name.clone()),
-                    }
-                },
-            });
+            triggers.push(tr);
         }
         Ok(Sensor {
             name: name.to_owned(),
@@ -365,12 +417,11 @@ impl Sensor {
         ti: usize,
         have: &[(usize, Event)],
     ) -> Result<Vec<Event>, String> {
-        self.outputs(ti, have)
+        self.outputs(&self.triggers[ti], have)
     }
 
     /// The events the trigger sends for the events `have` (one per satisfied dependency).
-    fn outputs(&self, ti: usize, have: &[(usize, Event)]) -> Result<Vec<Event>, String> {
-        let tr = &self.triggers[ti];
+    fn outputs(&self, tr: &Trigger, have: &[(usize, Event)]) -> Result<Vec<Event>, String> {
         let by_dep = |d: usize| have.iter().find(|(x, _)| *x == d).map(|(_, e)| e);
         let mut outs = if tr.payload.is_empty() {
             have.iter().map(|(_, e)| e.clone()).collect()
@@ -1005,16 +1056,49 @@ impl Run {
                 return settle(outcome);
             }
             let reason = outcome.reason.clone().unwrap_or_else(|| "failed".into());
-            if let Some(dlq) = dlq {
-                let dead: Vec<Event> = outs
-                    .into_iter()
-                    .map(|mut e| {
-                        e.set_extension(DEAD_LETTER_SINK, tr.sink.clone());
-                        e.set_extension(DEAD_LETTER_REASON, reason.clone());
-                        e
-                    })
-                    .collect();
-                let dl = sender.send_to(dlq, dead).await.await;
+            if let (Some(target), Some(d)) = (dlq, tr.dlq.as_ref()) {
+                let dl = match d {
+                    Dlq::Sink(_) => {
+                        let dead: Vec<Event> = outs
+                            .into_iter()
+                            .map(|mut e| {
+                                e.set_extension(DEAD_LETTER_SINK, tr.sink.clone());
+                                e.set_extension(DEAD_LETTER_REASON, reason.clone());
+                                e
+                            })
+                            .collect();
+                        sender.send_to(target, dead).await.await
+                    }
+                    // Argo's form: another trigger, run with the same events and its own
+                    // payload and retries.
+                    Dlq::Trigger(dt) => match sensor.outputs(dt, &f.events) {
+                        Err(e) => Outcome {
+                            status: Status::Rejected,
+                            reason: Some(format!("dlqTrigger {}: {e}", dt.name)),
+                            events: outs.len(),
+                            duplicates: 0,
+                        },
+                        Ok(dead) => {
+                            let mut attempt = 0;
+                            loop {
+                                let o = sender.send_to(target, dead.clone()).await.await;
+                                attempt += 1;
+                                if o.is_delivered()
+                                    || o.status == Status::Rejected
+                                    || attempt >= dt.retry.attempts
+                                    || grace_over.is_cancelled()
+                                {
+                                    break o;
+                                }
+                                dt.counters.retries.increment(1);
+                                tokio::select! {
+                                    _ = tokio::time::sleep(dt.retry.delay(attempt - 1, rand01())) => {}
+                                    _ = grace_over.cancelled() => break o,
+                                }
+                            }
+                        }
+                    },
+                };
                 if dl.is_delivered() {
                     tr.counters.dead_lettered.increment(1);
                     tracing::warn!(sensor = %sensor.name, trigger = %tr.name, events = ?ids, %reason, "trigger failed; sent to its dlqTrigger");
@@ -1057,7 +1141,7 @@ impl Run {
         let mut waits = Vec::new();
         for f in firings {
             let tr = &self.sensor.triggers[f.trigger];
-            let outs = match self.sensor.outputs(f.trigger, &f.events) {
+            let outs = match self.sensor.outputs(tr, &f.events) {
                 Ok(o) => o,
                 Err(e) => {
                     tr.counters.failed.increment(1);
@@ -1124,7 +1208,10 @@ pub(crate) fn start(
                 ))
             })
         };
-        targets.push((find(&tr.sink)?, tr.dlq.as_deref().map(find).transpose()?));
+        targets.push((
+            find(&tr.sink)?,
+            tr.dlq.as_ref().map(|d| find(d.sink())).transpose()?,
+        ));
     }
     let limiters = sensor
         .triggers
@@ -1268,7 +1355,11 @@ impl Bench {
             .unwrap_or_default();
         let errors = firings
             .iter()
-            .filter(|f| self.sensor.outputs(f.trigger, &f.events).is_err())
+            .filter(|f| {
+                self.sensor
+                    .outputs(&self.sensor.triggers[f.trigger], &f.events)
+                    .is_err()
+            })
             .count();
         (firings.len(), errors)
     }

@@ -1589,3 +1589,49 @@ async fn every_trigger_on_a_reset_schedule_is_cleared_even_under_traffic() {
     assert_eq!(out.len(), 0);
     stop(&mut rig, task).await;
 }
+
+#[tokio::test]
+async fn a_whole_dlq_trigger_runs_with_the_same_events_and_its_own_payload() {
+    let mut rig = ProcessorRig::addressing("wd", &["a"], &["out", "alerts"]);
+    let mut out = rig.capture_of("out");
+    let mut alerts = rig.capture_of("alerts");
+    let task = start(&mut rig, "wd", json!({
+        "dependencies": [{"name": "a", "source": "a"}],
+        "triggers": [{"name": "t", "sink": "out", "atLeastOnce": true,
+            "dlqTrigger": {"name": "page", "sink": "alerts", "retryStrategy": {"steps": 2, "duration": "10ms", "jitter": 0},
+                           "payload": [{"src": {"dependencyName": "a", "dataKey": "job"}, "dest": "failed_job"},
+                                       {"src": {"dependencyName": "a", "value": "page"}, "dest": "action"}]}}]
+    })).await;
+    let p = rig
+        .sender_of("a")
+        .send(vec![
+            Event::new("1", "/s", "t").with_json(r#"{"job":"deploy-7"}"#)
+        ])
+        .await;
+    out.next_within(Duration::from_secs(5))
+        .await
+        .delivery
+        .failed("500");
+    // The dlq trigger's own retries: the first attempt fails, the second is delivered.
+    alerts
+        .next_within(Duration::from_secs(5))
+        .await
+        .delivery
+        .failed("busy");
+    let page = alerts.next_within(Duration::from_secs(5)).await;
+    assert_eq!(
+        data(&page.event),
+        json!({"failed_job": "deploy-7", "action": "page"})
+    );
+    assert_eq!(page.event.ty, "sluice.sensor.page");
+    page.delivery.delivered();
+    assert!(p.await.is_delivered(), "handled by the dlq trigger");
+    stop(&mut rig, task).await;
+    let bad = |dlq: serde_json::Value| {
+        let c: SensorConfig = serde_json::from_value(json!({"dependencies": [{"name": "a", "source": "x"}], "triggers": [{"name": "t", "sink": "o", "dlqTrigger": dlq}]})).unwrap();
+        c.validate("s").unwrap_err()
+    };
+    assert!(bad(json!({"name": "d", "sink": "p", "conditions": "a"})).contains("do not apply"));
+    assert!(bad(json!({"name": "d", "sink": "p", "dlqTrigger": "q"})).contains("of its own"));
+    assert!(bad(json!({"name": "d", "sink": "o"})).contains("another sink"));
+}

@@ -54,37 +54,43 @@ fn map(spec: &Value) -> Value {
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| {
-            let tpl = &t["template"];
-            let mut payload = Vec::new();
-            for kind in TRIGGER_KINDS {
-                for key in ["payload", "parameters"] {
-                    if let Some(list) = tpl[kind][key].as_array() {
-                        payload.extend(list.iter().cloned());
-                    }
-                }
-            }
-            if let Some(list) = t["parameters"].as_array() {
-                payload.extend(list.iter().cloned());
-            }
-            let mut m = json!({"name": tpl["name"], "sink": "target", "payload": payload});
-            for k in ["conditions", "conditionsReset"] {
-                if !tpl[k].is_null() {
-                    m[k] = tpl[k].clone();
-                }
-            }
-            for k in ["retryStrategy", "rateLimit", "atLeastOnce"] {
-                if !t[k].is_null() {
-                    m[k] = t[k].clone();
-                }
-            }
-            if !t["dlqTrigger"].is_null() {
-                m["dlqTrigger"] = json!("parked");
-            }
-            m
-        })
+        .map(|t| trigger(t, "target", true))
         .collect();
     json!({"dependencies": deps, "triggers": triggers})
+}
+
+/// An Argo trigger as a Sluice trigger sending to `sink`; its `dlqTrigger` (a whole trigger
+/// in Argo) becomes a whole `dlqTrigger` sending to the sink `parked`.
+fn trigger(t: &Value, sink: &str, top: bool) -> Value {
+    let tpl = &t["template"];
+    let mut payload = Vec::new();
+    for kind in TRIGGER_KINDS {
+        for key in ["payload", "parameters"] {
+            if let Some(list) = tpl[kind][key].as_array() {
+                payload.extend(list.iter().cloned());
+            }
+        }
+    }
+    if let Some(list) = t["parameters"].as_array() {
+        payload.extend(list.iter().cloned());
+    }
+    let mut m = json!({"name": tpl["name"], "sink": sink, "payload": payload});
+    if top {
+        for k in ["conditions", "conditionsReset"] {
+            if !tpl[k].is_null() {
+                m[k] = tpl[k].clone();
+            }
+        }
+    }
+    for k in ["retryStrategy", "rateLimit", "atLeastOnce"] {
+        if !t[k].is_null() {
+            m[k] = t[k].clone();
+        }
+    }
+    if top && !t["dlqTrigger"].is_null() {
+        m["dlqTrigger"] = trigger(&t["dlqTrigger"], "parked", false);
+    }
+    m
 }
 
 fn sensors() -> Vec<(String, Value)> {
