@@ -67,6 +67,10 @@ pub struct EmailSinkConfig {
     /// Messages in flight (SMTP connections at most). Default 4.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
+    /// A PEM file with a CA certificate to trust besides the system's roots (a relay with a
+    /// private CA). Read when the sink starts.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 fn default_timeout() -> HumanDuration {
@@ -103,8 +107,25 @@ impl EmailSinkConfig {
             Security::Tls => 465,
             Security::None => 25,
         });
+        let ca = match &self.ca_file {
+            None => None,
+            Some(p) => {
+                let pem = std::fs::read(p)
+                    .map_err(|e| format!("ca_file {}: cannot read it: {e}", p.display()))?;
+                Some(
+                    lettre::transport::smtp::client::Certificate::from_pem(&pem).map_err(|e| {
+                        format!("ca_file {}: not a PEM certificate: {e}", p.display())
+                    })?,
+                )
+            }
+        };
         let tls = |host: &str| {
-            TlsParameters::new(host.to_owned()).map_err(|e| format!("tls for `{host}`: {e}"))
+            let mut b = TlsParameters::builder(host.to_owned());
+            if let Some(c) = ca.clone() {
+                b = b.add_root_certificate(c);
+            }
+            b.build_rustls()
+                .map_err(|e| format!("tls for `{host}`: {e}"))
         };
         let mut b = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(&self.host)
             .port(port)
@@ -141,6 +162,11 @@ impl EmailSinkConfig {
         if creds && self.security == Security::None {
             return Err(
                 "security: none would send the password in clear; use starttls or tls".into(),
+            );
+        }
+        if self.ca_file.is_some() && self.security == Security::None {
+            return Err(
+                "ca_file: with security: none nothing is encrypted; use starttls or tls".into(),
             );
         }
         if self.concurrency == 0 || self.concurrency > 64 {

@@ -25,6 +25,11 @@ impl Drop for Smtp {
 }
 
 fn smtp() -> Smtp {
+    smtp_with(&[])
+}
+
+/// An SMTP server; with `[cert, key]` it requires STARTTLS.
+fn smtp_with(tls: &[&Path]) -> Smtp {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pyenv/bin/python");
     assert!(
         root.exists(),
@@ -38,6 +43,7 @@ fn smtp() -> Smtp {
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtp_server.py"))
         .arg(port.to_string())
         .arg(&dir)
+        .args(tls)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -153,4 +159,44 @@ fn bad_configs_are_refused() {
     )
     .contains("clear"));
     assert!(bad(json!({"host": "h", "from": "a@b.c", "subject": "{x"})).contains("unclosed"));
+    assert!(
+        bad(json!({"host": "h", "from": "a@b.c", "security": "none", "ca_file": "/x.pem"}))
+            .contains("ca_file")
+    );
+}
+
+#[tokio::test]
+async fn starttls_against_a_server_with_a_private_ca() {
+    let pki = sluice_core::testkit::pki();
+    let (cert, key) = (
+        pki.dir.path().join("server.pem"),
+        pki.dir.path().join("server.key"),
+    );
+    let s = smtp_with(&[&cert, &key]);
+    let base = |extra: serde_json::Value| {
+        let mut v = json!({"host": "localhost", "port": s.port, "security": "starttls", "from": "sluice@example.com", "to": ["ops@example.com"], "timeout": "5s"});
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        v
+    };
+    // Trusting the test CA: delivered over STARTTLS.
+    let ok = start_sink::<EmailSinkConfig>(
+        "mail-tls",
+        base(json!({"ca_file": pki.dir.path().join("ca.pem")})),
+    )
+    .await;
+    let o = ok
+        .send(vec![
+            Event::new("t-1", "/s", "t").with_json(r#"{"body":"over tls"}"#)
+        ])
+        .await;
+    assert_eq!(o.status, Status::Delivered, "{o:?}");
+    // Without it the certificate is not trusted: nothing is sent, the event fails.
+    let untrusted = start_sink::<EmailSinkConfig>("mail-untrusted", base(json!({}))).await;
+    let o = untrusted.send(vec![Event::new("t-2", "/s", "t")]).await;
+    assert_eq!(o.status, Status::Failed, "{o:?}");
+    let got = mails(&s.dir);
+    assert_eq!(got.len(), 1);
+    assert!(got[0].contains("over tls"));
 }

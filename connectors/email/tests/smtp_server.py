@@ -1,7 +1,8 @@
 """A real SMTP server for the email sink's tests (aiosmtpd): listens on 127.0.0.1:<port>,
 writes each accepted message to <dir>/<n>.eml, refuses recipients at nowhere.invalid with 550
-and busy@ recipients with 451. Prints READY, then runs until stdin closes."""
-import asyncio, pathlib, sys
+and busy@ recipients with 451. With <cert> <key>, it requires STARTTLS before MAIL. Prints
+READY, then runs until stdin closes."""
+import asyncio, pathlib, ssl, sys
 from aiosmtpd.controller import Controller
 
 port, out = int(sys.argv[1]), pathlib.Path(sys.argv[2])
@@ -23,7 +24,12 @@ class Handler:
         (out / f"{self.n}.eml").write_bytes(head.encode() + envelope.content)
         return "250 Message accepted for delivery"
 
-c = Controller(Handler(), hostname="127.0.0.1", port=port)
+tls = {}
+if len(sys.argv) > 4:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(sys.argv[3], sys.argv[4])
+    tls = {"tls_context": ctx, "require_starttls": True}
+c = Controller(Handler(), hostname="127.0.0.1", port=port, **tls)
 c.start()
 print("READY", flush=True)
 sys.stdin.read()
