@@ -182,6 +182,12 @@ impl Param {
                 Err(e) => why = e,
             }
         }
+        if let Some(key) = key.as_deref().filter(|k| !data_side && is_name(k)) {
+            // A plain attribute name: read it off the event, without a JSON copy of the context.
+            if let Some(v) = sluice_core::template::attr(e, key) {
+                return Ok(Resolved::Value(Value::String(v.into_owned())));
+            }
+        }
         if let Some(key) = key {
             // The data as it came (raw values keep their text); the context as JSON.
             let own;
@@ -241,6 +247,13 @@ impl Param {
         };
         Ok(())
     }
+}
+
+/// A CloudEvents attribute or extension name (no gjson syntax in it).
+fn is_name(k: &str) -> bool {
+    !k.is_empty()
+        && k.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 fn text_of(v: &Value) -> String {

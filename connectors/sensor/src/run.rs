@@ -1017,13 +1017,27 @@ impl Run {
         let grace_over = self.grace_over.clone();
         async move {
             let tr = &sensor.triggers[f.trigger];
-            let ids: Vec<&str> = f.events.iter().map(|(_, e)| e.id.as_str()).collect();
+            // For the log lines only (their fields are evaluated only when the level is on).
+            let ids = || {
+                f.events
+                    .iter()
+                    .map(|(_, e)| e.id.as_str())
+                    .collect::<Vec<_>>()
+            };
+            // The output is kept for a next attempt or a dead letter only when one can follow.
+            let reusable = tr.retry.attempts > 1 || tr.dlq.is_some();
+            let mut outs = outs;
             if let Some(l) = &limiter {
                 l.wait().await;
             }
             let mut attempt = 0;
             let outcome = loop {
-                let outcome = sender.send_to(target, outs.clone()).await.await;
+                let batch = if reusable {
+                    outs.clone()
+                } else {
+                    std::mem::take(&mut outs)
+                };
+                let outcome = sender.send_to(target, batch).await.await;
                 if outcome.status == Status::Delivered || outcome.status == Status::Rejected {
                     break outcome;
                 }
@@ -1052,7 +1066,7 @@ impl Run {
             };
             if outcome.is_delivered() {
                 tr.counters.fired.increment(1);
-                tracing::info!(sensor = %sensor.name, trigger = %tr.name, events = ?ids, attempts = attempt + 1, "trigger fired");
+                tracing::info!(sensor = %sensor.name, trigger = %tr.name, events = ?ids(), attempts = attempt + 1, "trigger fired");
                 return settle(outcome);
             }
             let reason = outcome.reason.clone().unwrap_or_else(|| "failed".into());
@@ -1101,12 +1115,12 @@ impl Run {
                 };
                 if dl.is_delivered() {
                     tr.counters.dead_lettered.increment(1);
-                    tracing::warn!(sensor = %sensor.name, trigger = %tr.name, events = ?ids, %reason, "trigger failed; sent to its dlqTrigger");
+                    tracing::warn!(sensor = %sensor.name, trigger = %tr.name, events = ?ids(), %reason, "trigger failed; sent to its dlqTrigger");
                     return settle(dl);
                 }
             }
             tr.counters.failed.increment(1);
-            tracing::error!(sensor = %sensor.name, trigger = %tr.name, events = ?ids, %reason, at_least_once = tr.at_least_once, "trigger failed");
+            tracing::error!(sensor = %sensor.name, trigger = %tr.name, events = ?ids(), %reason, at_least_once = tr.at_least_once, "trigger failed");
             settle(outcome)
         }
     }

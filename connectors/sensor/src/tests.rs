@@ -1394,7 +1394,6 @@ fn wiring_names_the_sources_and_sinks() {
     assert_eq!(names, ["gh", "cron"]);
     assert_eq!(w.inputs[1].path, ["dependencies", "1", "source"]);
     assert_eq!(w.targets[0].name, "api");
-    let _ = Arc::new(0);
 }
 
 #[tokio::test]
