@@ -334,6 +334,16 @@ pub fn kinds() -> Vec<Kind> {
             "aws-lambda",
             "AWS Lambda trigger: Invoke per event, delivered when the function returned without an error (or Lambda queued it)",
         ),
+        #[cfg(feature = "pubsub")]
+        source::<sluice_pubsub::PubSubSourceConfig>(
+            "pubsub",
+            "GCP Pub/Sub streaming pull: flow control as the in-flight window, ack after delivery, deadlines extended, ordering keys in order",
+        ),
+        #[cfg(feature = "pubsub")]
+        sink::<sluice_pubsub::PubSubSinkConfig>(
+            "pubsub",
+            "GCP Pub/Sub Publish in batches (CloudEvents Pub/Sub binding, ordering keys), delivered = the message id returned",
+        ),
         #[cfg(feature = "http")]
         sink::<sluice_http::HttpSinkConfig>(
             "http",

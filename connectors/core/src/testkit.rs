@@ -493,7 +493,9 @@ pub async fn pull_source_compliance<C: crate::SourceConfig>(
         Ok(()) => panic!("{name}: the bad config {bad} was accepted"),
     }
     let data = |e: &Event| e.data.as_bytes().cloned().unwrap_or_default();
-    let timeout = Duration::from_secs(10);
+    // A bound, not a wait: a broker that redelivers only when a lease runs out (Pub/Sub's
+    // shortest ack deadline is 10 s) needs more than that after a crash.
+    let timeout = Duration::from_secs(30);
 
     // 2. Received, never settled, crashed.
     let (mut a, task) = start_source::<C>(&format!("{name}-a"), cfg.clone()).await;

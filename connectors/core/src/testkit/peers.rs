@@ -50,6 +50,40 @@ pub fn spawn_moto(dir: &Path) -> ServerProcess {
     })
 }
 
+/// Where the Debian package `google-cloud-cli-pubsub-emulator` puts the emulator.
+const PUBSUB_EMULATOR: &str = "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator";
+
+/// The Pub/Sub emulator (Java; `SLUICE_PUBSUB_EMULATOR` names another path). No registry
+/// carries it: it comes with the machine image or Google's Cloud SDK apt repository.
+pub fn pubsub_emulator_bin() -> PathBuf {
+    let bin = std::env::var_os("SLUICE_PUBSUB_EMULATOR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(PUBSUB_EMULATOR));
+    assert!(
+        bin.exists(),
+        "the Pub/Sub emulator is not installed at {} (Debian package google-cloud-cli-pubsub-emulator          from Google's Cloud SDK repository, or set SLUICE_PUBSUB_EMULATOR); scripts/test.sh          reports these tests as skipped by name when it is missing",
+        bin.display()
+    );
+    bin
+}
+
+/// The Pub/Sub emulator for a test: the one at `PUBSUB_EMULATOR_HOST` when that is set
+/// (`scripts/test.sh` starts one for the whole run), else one started here on a free port and
+/// kept running by the returned process. Returns its `host:port`.
+pub fn pubsub_emulator(dir: &Path) -> (String, Option<ServerProcess>) {
+    if let Some(host) = std::env::var("PUBSUB_EMULATOR_HOST")
+        .ok()
+        .filter(|h| !h.is_empty())
+    {
+        return (host, None);
+    }
+    let bin = pubsub_emulator_bin();
+    let p = spawn_server(&bin.display().to_string(), dir, |port| {
+        vec!["--host=127.0.0.1".into(), format!("--port={port}")]
+    });
+    (format!("127.0.0.1:{}", p.port), Some(p))
+}
+
 /// The last lines of a log file, for failure messages.
 pub fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -221,7 +255,12 @@ pub fn spawn_server_on(
     for _ in 0..5 {
         let port = port.unwrap_or_else(super::free_port);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let log = dir.join(format!("{program}-{n}.log"));
+        // The log is named after the program's file name (a full path would put it beside
+        // the program).
+        let base = Path::new(program)
+            .file_name()
+            .map_or_else(|| program.to_owned(), |f| f.to_string_lossy().into_owned());
+        let log = dir.join(format!("{base}-{n}.log"));
         let mut child = Command::new(program)
             .args(args(port))
             .current_dir(dir)

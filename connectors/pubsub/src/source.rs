@@ -1,0 +1,709 @@
+//! `kind: pubsub` source: a streaming pull, settled message by message after delivery.
+//!
+//! One gRPC stream (the client's subscriber task) feeds a small channel; the loop takes a
+//! message only while the in-flight window has room, so a slow pipeline stops the stream
+//! (and the server's flow control stops at `max_outstanding_*`). Each message's events go into
+//! the pipeline with a deadline (`max_extension`); while they are there its ack deadline is
+//! extended (`ModifyAckDeadline`). Delivered → `Acknowledge` (batched). Failed, or a copy
+//! already in flight → its deadline is set to a backoff, so Pub/Sub redelivers it later, never
+//! in a hot loop. Rejected (or not a valid event) → nacked at once when the subscription has a
+//! dead-letter policy (Pub/Sub forwards it after its `max_delivery_attempts`), else held back
+//! for the longest deadline (600 s) and logged.
+//!
+//! Ordering keys: while a message of a key is in the pipeline, later messages of that key wait
+//! here (their deadlines extended too) and go in one by one, in arrival order, each after the
+//! previous one was delivered. When one is not delivered, the ones waiting behind it are
+//! handed back with it, so Pub/Sub redelivers the key's messages in order.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use gcloud_pubsub::apiv1::subscriber_client::SubscriberClient;
+use gcloud_pubsub::client::Client;
+use gcloud_pubsub::subscriber::{ReceivedMessage, SubscriberConfig};
+use gcloud_pubsub::subscription::{
+    MessageStream, SubscribeConfig, Subscription, SubscriptionConfig,
+};
+use google_cloud_gax::grpc::Code;
+use google_cloud_googleapis::pubsub::v1::{AcknowledgeRequest, ModifyAckDeadlineRequest};
+use sluice_core::event::{
+    check_extension_name, extension_name_from, Data, Event, ExtValue, Timestamp,
+};
+use sluice_core::pipeline::SendOptions;
+use sluice_core::pull::{InFlight, SettleBatch, Watermark};
+use sluice_core::telemetry::{PullTelemetry, Settled};
+use sluice_core::{
+    argo, BoxFuture, ConnectorError, Outcome, Running, SourceConfig, SourceContext, Status,
+};
+use tokio::time::Instant;
+
+use crate::binding::{self, Decoded};
+use crate::{api_call, resource_id, Format, PubSubSourceConfig};
+
+/// Messages buffered between the client's stream task and the loop.
+const CHANNEL: usize = 64;
+/// Ack ids in one `Acknowledge` / `ModifyAckDeadline` call, at most.
+const SETTLE_BATCH: usize = 500;
+/// How long acks and deadline changes wait to fill a batch.
+const LINGER: Duration = Duration::from_millis(20);
+/// The longest ack deadline Pub/Sub takes: how long a rejected message is held back.
+const REJECT_HOLD_SECS: i32 = 600;
+/// Default `type` of wrapped messages (Google's own CloudEvent type for Pub/Sub messages).
+pub const DEFAULT_TYPE: &str = "google.cloud.pubsub.topic.v1.messagePublished";
+
+impl SourceConfig for PubSubSourceConfig {
+    fn validate(&self, name: &str) -> Result<(), String> {
+        self.check()?;
+        let ty = self.event_type.as_deref().unwrap_or(match self.format {
+            Format::Argo => "pubsub",
+            Format::Cloudevents => DEFAULT_TYPE,
+        });
+        sluice_core::event::check_source_and_type(
+            self.event_source.as_deref().unwrap_or(match self.format {
+                Format::Argo => name,
+                Format::Cloudevents => "//pubsub.googleapis.com/projects/p/topics/t",
+            }),
+            ty,
+        )
+    }
+
+    fn build(
+        self: Box<Self>,
+        ctx: SourceContext,
+    ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
+        Box::pin(async move {
+            let name = ctx.name.clone();
+            let err = |m: String| ConnectorError(format!("pubsub source {name}: {m}"));
+            self.check().map_err(err)?;
+            let project = self.project.clone();
+            let sub_id = resource_id(
+                "subscription",
+                "subscriptions",
+                &self.subscription,
+                &project,
+            )
+            .map_err(err)?
+            .to_owned();
+            let client = self.connection().client().await.map_err(err)?;
+            let sub = client.subscription(&sub_id);
+            let (topic, sc) = read_or_create(&client, &sub, &self).await.map_err(err)?;
+            let decoder = Decoder {
+                ty: self.event_type.clone().unwrap_or_else(|| {
+                    match self.format {
+                        Format::Argo => "pubsub",
+                        Format::Cloudevents => DEFAULT_TYPE,
+                    }
+                    .into()
+                }),
+                source: self
+                    .event_source
+                    .clone()
+                    .unwrap_or_else(|| match self.format {
+                        Format::Argo => name.clone(),
+                        Format::Cloudevents => format!("//pubsub.googleapis.com/{topic}"),
+                    }),
+                name: name.clone(),
+                format: self.format,
+                json_body: self.json_body,
+                metadata: serde_json::to_value(&self.metadata).unwrap_or_default(),
+            };
+            let engine = Engine {
+                telemetry: PullTelemetry::new(&name),
+                client: sub.get_client(),
+                fqsn: sub.fully_qualified_name().to_owned(),
+                dead_letter: sc.dead_letter_policy.is_some(),
+                sub,
+                name,
+                decoder,
+                ack_deadline: self.ack_deadline.get(),
+                max_extension: self.max_extension.get(),
+                max_outstanding_messages: self.max_outstanding_messages,
+                max_outstanding_bytes: self.max_outstanding_bytes.bytes(),
+            };
+            tracing::info!(
+                source = %engine.name,
+                subscription = %engine.fqsn,
+                topic = %topic,
+                ordering = sc.enable_message_ordering,
+                exactly_once = sc.enable_exactly_once_delivery,
+                dead_letter = engine.dead_letter,
+                "pubsub: subscribed"
+            );
+            Ok(Box::pin(engine.run(ctx)) as Running)
+        })
+    }
+}
+
+/// Reads the subscription's settings (which also proves it exists and the credentials reach
+/// it), creating it on `topic:` when it is missing and the config asks for that.
+async fn read_or_create(
+    client: &Client,
+    sub: &Subscription,
+    cfg: &PubSubSourceConfig,
+) -> Result<(String, SubscriptionConfig), String> {
+    let fq = sub.fully_qualified_name().to_owned();
+    match sub.config(None).await {
+        Ok(found) => return Ok(found),
+        Err(s) if s.code() == Code::NotFound => {}
+        Err(s) => {
+            return Err(format!(
+                "cannot read subscription {fq} ({}: {}); may these credentials call pubsub.subscriptions.get?",
+                s.code(),
+                s.message()
+            ))
+        }
+    }
+    let Some(topic) = &cfg.topic else {
+        return Err(format!(
+            "subscription {fq} does not exist: create it, or set topic: so that Sluice creates it"
+        ));
+    };
+    let topic_id = resource_id("topic", "topics", topic, &cfg.project)?;
+    let fqtn = client.fully_qualified_topic_name(topic_id);
+    let create = SubscriptionConfig {
+        ack_deadline_seconds: cfg.ack_deadline.get().as_secs() as i32,
+        enable_message_ordering: cfg.enable_message_ordering,
+        ..SubscriptionConfig::default()
+    };
+    match sub.create(&fqtn, create, None).await {
+        Ok(()) => tracing::info!(subscription = %fq, topic = %fqtn, "pubsub: subscription created"),
+        // Another instance created it meanwhile.
+        Err(s) if s.code() == Code::AlreadyExists => {}
+        Err(s) => {
+            return Err(format!(
+                "cannot create subscription {fq} on {fqtn} ({}: {}); does the topic exist?",
+                s.code(),
+                s.message()
+            ))
+        }
+    }
+    sub.config(None).await.map_err(|s| {
+        format!(
+            "cannot read subscription {fq} after creating it: {}",
+            s.message()
+        )
+    })
+}
+
+/// How messages become events.
+struct Decoder {
+    ty: String,
+    source: String,
+    name: String,
+    format: Format,
+    json_body: bool,
+    metadata: serde_json::Value,
+}
+
+fn publish_time(m: &ReceivedMessage) -> Option<chrono::DateTime<chrono::Utc>> {
+    let t = m.message.publish_time.as_ref()?;
+    chrono::DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).unwrap_or(0))
+}
+
+impl Decoder {
+    /// `Err`: not a valid event (rejected).
+    fn event(&self, r: &ReceivedMessage) -> Result<Event, String> {
+        let m = &r.message;
+        let time = publish_time(r);
+        let stamp = time.map(Timestamp::from_utc).unwrap_or_else(Timestamp::now);
+        if self.format == Format::Argo {
+            let body: serde_json::Value =
+                serde_json::from_slice(&argo::body(&m.data, self.json_body)?)
+                    .map_err(|e| e.to_string())?;
+            let data = serde_json::json!({
+                "id": m.message_id,
+                "body": body,
+                "attributes": m.attributes,
+                "publishTime": argo::go_time(time.unwrap_or_else(chrono::Utc::now)),
+                "metadata": self.metadata,
+            });
+            let e = Event::new(&*m.message_id, &*self.source, &*self.ty)
+                .with_subject(&*self.name)
+                .with_time(stamp)
+                .with_json(serde_json::to_vec(&data).map_err(|e| e.to_string())?);
+            return Ok(e);
+        }
+        match binding::decode(&m.attributes, &m.data).map_err(|e| e.to_string())? {
+            Decoded::Event(e) => Ok(*e),
+            Decoded::Plain => {
+                // id and time from Pub/Sub: the same on every redelivery.
+                let mut e = Event::new(&*m.message_id, &*self.source, &*self.ty).with_time(stamp);
+                if !m.data.is_empty() {
+                    let ct = binding::content_type(&m.attributes)
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| {
+                            sluice_core::event::guess_content_type(&m.data).to_owned()
+                        });
+                    let data = Data::from_bytes(m.data.clone(), Some(&ct));
+                    e = e.with_data(Some(ct), data);
+                }
+                // Attributes → extensions, in name order (the same event on every copy).
+                let mut names: Vec<&String> = m.attributes.keys().collect();
+                names.sort();
+                for k in names {
+                    if k.eq_ignore_ascii_case("content-type") {
+                        continue;
+                    }
+                    let ext = extension_name_from(k);
+                    if check_extension_name(&ext).is_err() || e.extension(&ext).is_some() {
+                        tracing::debug!(attribute = %k, "message attribute not mapped to an extension (its name is reserved or not a valid extension name)");
+                        continue;
+                    }
+                    e.extensions
+                        .push((ext, ExtValue::String(m.attributes[k].clone())));
+                }
+                if !m.ordering_key.is_empty() && e.extension("partitionkey").is_none() {
+                    e.set_extension("partitionkey", m.ordering_key.clone());
+                }
+                Ok(e)
+            }
+        }
+    }
+}
+
+/// What settling one message needs.
+struct Handle {
+    ack_id: String,
+    attempt: u32,
+    key: Option<String>,
+}
+
+/// A message waiting behind an earlier one of its ordering key.
+struct Waiting {
+    msg: ReceivedMessage,
+    lease_until: Instant,
+}
+
+/// The loop's mutable state.
+struct State {
+    window: InFlight<Handle>,
+    /// Ordering keys with a message in the pipeline, and the messages waiting behind it.
+    keys: HashMap<String, VecDeque<Waiting>>,
+    /// Messages in `keys` queues.
+    held: usize,
+    /// Data bytes of the messages in the window and in `keys`.
+    bytes: u64,
+    sizes: HashMap<String, u64>,
+    acks: SettleBatch<String>,
+    modacks: SettleBatch<(String, i32)>,
+    calls: FuturesUnordered<BoxFuture<'static, ()>>,
+}
+
+struct Engine {
+    name: String,
+    sub: Subscription,
+    client: SubscriberClient,
+    fqsn: String,
+    decoder: Decoder,
+    dead_letter: bool,
+    ack_deadline: Duration,
+    max_extension: Duration,
+    max_outstanding_messages: usize,
+    max_outstanding_bytes: u64,
+    telemetry: PullTelemetry,
+}
+
+/// The next message of the stream; pending while there is none.
+async fn next_of(stream: &mut Option<MessageStream>) -> Option<ReceivedMessage> {
+    match stream {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Engine {
+    fn subscribe_config(&self) -> SubscribeConfig {
+        let sc = SubscriberConfig {
+            stream_ack_deadline_seconds: self.ack_deadline.as_secs() as i32,
+            max_outstanding_messages: self.max_outstanding_messages as i64,
+            max_outstanding_bytes: self.max_outstanding_bytes.min(i64::MAX as u64) as i64,
+            ..SubscriberConfig::default()
+        };
+        SubscribeConfig::default()
+            .with_subscriber_config(sc)
+            .with_channel_capacity(CHANNEL.min(self.max_outstanding_messages))
+    }
+
+    async fn run(self, ctx: SourceContext) -> Result<(), ConnectorError> {
+        let deadline = self.ack_deadline;
+        let mut st = State {
+            window: InFlight::new(self.max_outstanding_messages, deadline),
+            keys: HashMap::new(),
+            held: 0,
+            bytes: 0,
+            sizes: HashMap::new(),
+            acks: SettleBatch::new(SETTLE_BATCH, LINGER),
+            modacks: SettleBatch::new(SETTLE_BATCH, LINGER),
+            calls: FuturesUnordered::new(),
+        };
+        let mut stream = match self.sub.subscribe(Some(self.subscribe_config())).await {
+            Ok(s) => Some(s),
+            Err(e) => {
+                return Err(ConnectorError(format!(
+                    "pubsub source {}: cannot open the streaming pull on {}: {}",
+                    self.name,
+                    self.fqsn,
+                    e.message()
+                )))
+            }
+        };
+        let mut leases = tokio::time::interval((deadline / 4).max(Duration::from_secs(1)));
+        leases.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reopen_at: Option<Instant> = None;
+        let mut failures = 0u32;
+        loop {
+            let stopping = ctx.shutdown.is_cancelled();
+            if stopping {
+                if let Some(s) = stream.take() {
+                    // Messages the client buffered and never handed over are nacked now.
+                    let n = s.dispose().await;
+                    tracing::debug!(source = %self.name, nacked = n, "pubsub: stream closed");
+                    reopen_at = None;
+                }
+                // Messages waiting behind their key would go in out of order after a drain of
+                // the one ahead: handed back now.
+                let keys: Vec<String> = st.keys.keys().cloned().collect();
+                for k in keys {
+                    self.release_key(&mut st, &k, 0, true);
+                }
+            }
+            if stopping && st.window.is_empty() {
+                let rest = st.acks.take();
+                if !rest.is_empty() {
+                    st.calls.push(self.ack(rest));
+                }
+                let rest = st.modacks.take();
+                if !rest.is_empty() {
+                    st.calls.push(self.modack(rest, false));
+                }
+                // Bounded: each call carries the client's own timeouts and retries.
+                let _ = tokio::time::timeout(Duration::from_secs(10), async {
+                    while st.calls.next().await.is_some() {}
+                })
+                .await;
+                break;
+            }
+            let take =
+                !stopping && st.window.room() > st.held && st.bytes < self.max_outstanding_bytes;
+            let linger = [st.acks.deadline(), st.modacks.deadline()]
+                .into_iter()
+                .flatten()
+                .min();
+            tokio::select! {
+                biased;
+                Some((h, outcome)) = st.window.next(), if !st.window.is_empty() => {
+                    self.settle(&ctx, &mut st, h, outcome).await;
+                    self.telemetry.in_flight.set(st.window.len() as f64);
+                }
+                Some(()) = st.calls.next(), if !st.calls.is_empty() => {}
+                _ = async { tokio::time::sleep_until(linger.expect("checked")).await }, if linger.is_some() => {
+                    let now = Instant::now();
+                    if let Some(b) = st.acks.due(now) {
+                        st.calls.push(self.ack(b));
+                    }
+                    if let Some(b) = st.modacks.due(now) {
+                        st.calls.push(self.modack(b, false));
+                    }
+                }
+                _ = leases.tick() => self.extend(&mut st),
+                _ = ctx.shutdown.cancelled(), if !stopping => {}
+                _ = async { tokio::time::sleep_until(reopen_at.expect("checked")).await }, if reopen_at.is_some() => {
+                    reopen_at = None;
+                    match self.sub.subscribe(Some(self.subscribe_config())).await {
+                        Ok(s) => stream = Some(s),
+                        Err(e) => {
+                            failures += 1;
+                            let wait = Watermark::backoff(failures + 3);
+                            tracing::warn!(source = %self.name, subscription = %self.fqsn, error = %e.message(), retry_in = ?wait, "pubsub: cannot reopen the streaming pull");
+                            reopen_at = Some(Instant::now() + wait);
+                        }
+                    }
+                }
+                m = next_of(&mut stream), if take => match m {
+                    Some(msg) => {
+                        failures = 0;
+                        self.offer(&ctx, &mut st, msg).await;
+                    }
+                    None => {
+                        // The client's stream task stopped (an error it does not retry: the
+                        // subscription deleted, permissions taken away). Opened again with a
+                        // backoff; what was in flight goes on.
+                        if let Some(s) = stream.take() {
+                            s.dispose().await;
+                        }
+                        failures += 1;
+                        let wait = Watermark::backoff(failures + 3);
+                        self.telemetry.reconnects.increment(1);
+                        tracing::warn!(source = %self.name, subscription = %self.fqsn, retry_in = ?wait, "pubsub: the streaming pull stopped (is the subscription still there, and may these credentials pull from it?); opening it again");
+                        reopen_at = Some(Instant::now() + wait);
+                    }
+                },
+            }
+        }
+        tracing::debug!(source = %self.name, "pubsub: stopped");
+        Ok(())
+    }
+
+    /// A message from the stream: in the pipeline now, or queued behind its key.
+    async fn offer(&self, ctx: &SourceContext, st: &mut State, msg: ReceivedMessage) {
+        if msg.delivery_attempt().is_some_and(|n| n > 1) {
+            self.telemetry.redeliveries.increment(1);
+        }
+        let size = msg.message.data.len() as u64;
+        st.bytes += size;
+        st.sizes.insert(msg.ack_id.clone(), size);
+        let key = (!msg.message.ordering_key.is_empty()).then(|| msg.message.ordering_key.clone());
+        if let Some(k) = &key {
+            if let Some(q) = st.keys.get_mut(k) {
+                q.push_back(Waiting {
+                    msg,
+                    lease_until: Instant::now() + self.ack_deadline,
+                });
+                st.held += 1;
+                return;
+            }
+            st.keys.insert(k.clone(), VecDeque::new());
+        }
+        self.start(ctx, st, msg, key).await;
+    }
+
+    /// Sends a message's event. A full pipeline holds the loop for at most a quarter of the
+    /// ack deadline (leases are extended meanwhile by the next tick).
+    async fn start(
+        &self,
+        ctx: &SourceContext,
+        st: &mut State,
+        msg: ReceivedMessage,
+        key: Option<String>,
+    ) {
+        let handle = Handle {
+            ack_id: msg.ack_id.clone(),
+            attempt: msg.delivery_attempt().unwrap_or(1) as u32,
+            key,
+        };
+        match self.decoder.event(&msg) {
+            Ok(event) => {
+                let opts = SendOptions {
+                    timeout: Some((self.ack_deadline / 4).max(Duration::from_millis(100))),
+                    deadline: Some(Instant::now() + self.max_extension),
+                    ..SendOptions::default()
+                };
+                match ctx.sender.send_with(vec![event], opts).await {
+                    Ok(pending) => {
+                        st.window.push(handle, pending);
+                        self.telemetry.in_flight.set(st.window.len() as f64);
+                    }
+                    Err(_) => {
+                        // The pipeline is full: Pub/Sub hands it out again in a second.
+                        self.unsettled(st, handle, 1);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(source = %self.name, message = %msg.message.message_id, error = %e, "pubsub: not a valid event");
+                ctx.sender.telemetry().rejected("invalid_event", 1);
+                self.reject(st, handle);
+            }
+        }
+    }
+
+    async fn settle(&self, ctx: &SourceContext, st: &mut State, h: Handle, outcome: Outcome) {
+        match outcome.status {
+            Status::Delivered => {
+                self.telemetry.settled(Settled::Ack, 1);
+                self.forget(st, &h.ack_id);
+                if let Some(b) = st.acks.push(h.ack_id) {
+                    st.calls.push(self.ack(b));
+                }
+                if let Some(k) = h.key {
+                    self.next_of_key(ctx, st, k).await;
+                }
+            }
+            // A transient failure, or a copy still in flight: Pub/Sub redelivers it after a
+            // backoff (a delivered copy is then a duplicate, answered by the dedup window).
+            Status::Failed | Status::InFlight => {
+                let secs = backoff_secs(h.attempt);
+                self.unsettled(st, h, secs);
+            }
+            Status::Rejected => {
+                tracing::warn!(source = %self.name, reason = outcome.reason.as_deref().unwrap_or(""), "pubsub: event rejected by a sink");
+                self.reject(st, h);
+            }
+        }
+    }
+
+    /// The next message waiting behind `key`, into the pipeline; the key is free when none.
+    async fn next_of_key(&self, ctx: &SourceContext, st: &mut State, key: String) {
+        let next = st.keys.get_mut(&key).and_then(VecDeque::pop_front);
+        match next {
+            Some(w) => {
+                st.held -= 1;
+                self.start(ctx, st, w.msg, Some(key)).await;
+            }
+            None => {
+                st.keys.remove(&key);
+            }
+        }
+    }
+
+    /// Hands a message back for a redelivery in `secs` seconds, with those waiting behind it.
+    fn unsettled(&self, st: &mut State, h: Handle, secs: i32) {
+        self.telemetry.settled(Settled::Retry, 1);
+        self.forget(st, &h.ack_id);
+        if let Some(b) = st.modacks.push((h.ack_id, secs)) {
+            st.calls.push(self.modack(b, false));
+        }
+        if let Some(k) = h.key {
+            self.release_key(st, &k, secs, false);
+        }
+    }
+
+    fn reject(&self, st: &mut State, h: Handle) {
+        let secs = if self.dead_letter {
+            self.telemetry.settled(Settled::Reject, 1);
+            0
+        } else {
+            tracing::warn!(source = %self.name, subscription = %self.fqsn, "pubsub: the subscription has no dead-letter policy (set one, with a dead-letter topic): the rejected message is held back for 10 minutes");
+            self.telemetry.settled(Settled::Retry, 1);
+            REJECT_HOLD_SECS
+        };
+        self.forget(st, &h.ack_id);
+        if let Some(b) = st.modacks.push((h.ack_id, secs)) {
+            st.calls.push(self.modack(b, false));
+        }
+        if let Some(k) = h.key {
+            self.release_key(st, &k, secs.min(backoff_secs(h.attempt)), false);
+        }
+    }
+
+    /// Hands back every message waiting behind `key` (for a redelivery in `secs`), and frees
+    /// the key. `keep_key`: the one ahead is still in the pipeline (a drain), so the key stays
+    /// taken.
+    fn release_key(&self, st: &mut State, key: &str, secs: i32, keep_key: bool) {
+        let waiting = if keep_key {
+            st.keys.get_mut(key).map(std::mem::take)
+        } else {
+            st.keys.remove(key)
+        };
+        for w in waiting.into_iter().flatten() {
+            st.held -= 1;
+            self.telemetry.settled(Settled::Retry, 1);
+            self.forget(st, &w.msg.ack_id);
+            if let Some(b) = st.modacks.push((w.msg.ack_id, secs)) {
+                st.calls.push(self.modack(b, false));
+            }
+        }
+    }
+
+    fn forget(&self, st: &mut State, ack_id: &str) {
+        if let Some(n) = st.sizes.remove(ack_id) {
+            st.bytes -= n;
+        }
+    }
+
+    /// Extends the deadline of every message whose lease ends within three quarters of the
+    /// deadline (the tick comes every quarter), in the pipeline or waiting behind its key.
+    fn extend(&self, st: &mut State) {
+        let secs = self.ack_deadline.as_secs() as i32;
+        let margin = self.ack_deadline * 3 / 4;
+        let mut due = Vec::new();
+        st.window
+            .extend_leases(margin, |h| due.push((h.ack_id.clone(), secs)));
+        let now = Instant::now();
+        for q in st.keys.values_mut() {
+            for w in q.iter_mut() {
+                if w.lease_until.saturating_duration_since(now) <= margin {
+                    w.lease_until = now + self.ack_deadline;
+                    due.push((w.msg.ack_id.clone(), secs));
+                }
+            }
+        }
+        if !due.is_empty() {
+            self.telemetry.lease_extensions.increment(due.len() as u64);
+            for chunk in due.chunks(SETTLE_BATCH) {
+                st.calls.push(self.modack(chunk.to_vec(), true));
+            }
+        }
+    }
+
+    fn ack(&self, ack_ids: Vec<String>) -> BoxFuture<'static, ()> {
+        let client = self.client.clone();
+        let subscription = self.fqsn.clone();
+        let name = self.name.clone();
+        Box::pin(async move {
+            let n = ack_ids.len();
+            let r = client
+                .acknowledge(
+                    AcknowledgeRequest {
+                        subscription,
+                        ack_ids,
+                    },
+                    None,
+                )
+                .await;
+            api_call(("source", &name), "Acknowledge", r.is_ok());
+            if let Err(s) = r {
+                // On an exactly-once subscription this is the ack result: the messages were
+                // not acknowledged and come again; the dedup window answers the copies.
+                metrics::counter!("sluice_pubsub_ack_failures_total", "source" => name.clone())
+                    .increment(n as u64);
+                tracing::warn!(source = %name, code = %s.code(), error = %s.message(), messages = n, "pubsub: Acknowledge failed; the messages will be delivered again and answered as duplicates");
+            }
+        })
+    }
+
+    /// `ModifyAckDeadline` for each distinct deadline in `items`.
+    fn modack(&self, items: Vec<(String, i32)>, extension: bool) -> BoxFuture<'static, ()> {
+        let client = self.client.clone();
+        let subscription = self.fqsn.clone();
+        let name = self.name.clone();
+        Box::pin(async move {
+            let mut by_secs: Vec<(i32, Vec<String>)> = Vec::new();
+            for (id, secs) in items {
+                match by_secs.iter_mut().find(|(s, _)| *s == secs) {
+                    Some((_, ids)) => ids.push(id),
+                    None => by_secs.push((secs, vec![id])),
+                }
+            }
+            for (secs, ack_ids) in by_secs {
+                let req = ModifyAckDeadlineRequest {
+                    subscription: subscription.clone(),
+                    ack_ids,
+                    ack_deadline_seconds: secs,
+                };
+                let r = client.modify_ack_deadline(req, None).await;
+                api_call(("source", &name), "ModifyAckDeadline", r.is_ok());
+                if let Err(s) = r {
+                    let what = if extension {
+                        "deadline extension"
+                    } else {
+                        "deadline change"
+                    };
+                    tracing::warn!(source = %name, code = %s.code(), error = %s.message(), "pubsub: a {what} failed (the messages will be redelivered when their deadline passes)");
+                }
+            }
+        })
+    }
+}
+
+/// Seconds until a message that failed `attempt` times comes again: about 1 s, doubling, at
+/// most 30 (`attempt` is Pub/Sub's delivery attempt, known with a dead-letter policy; else 1).
+fn backoff_secs(attempt: u32) -> i32 {
+    let d = Watermark::backoff(attempt.saturating_add(3))
+        .as_secs_f64()
+        .ceil() as i32;
+    d.clamp(1, 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_bounded() {
+        assert_eq!(backoff_secs(1), 1);
+        assert!(backoff_secs(3) > backoff_secs(1));
+        assert!(backoff_secs(40) <= 60);
+    }
+}
