@@ -1033,6 +1033,114 @@ async fn kafka_to_jetstream_relay_survives_kill_9() {
     assert_eq!(n, N as u64, "nothing written twice by the drain");
 }
 
+/// GCP Pub/Sub → JetStream relay through the binary, against the Pub/Sub emulator, with
+/// `kill -9` of Sluice in the middle: after a second Sluice starts, every message is in the
+/// stream, each once (acknowledged only after the PubAck; what Pub/Sub redelivers is dropped by
+/// `Nats-Msg-Id`, the message id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gcp_pubsub_to_jetstream_relay_survives_kill_9() {
+    use gcloud_pubsub::client::{Client, ClientConfig};
+    use gcloud_pubsub::subscription::SubscriptionConfig;
+    const N: usize = 3000;
+    let dir = tempfile::tempdir().unwrap();
+    let (host, _emulator) = sluice_core::testkit::peers::pubsub_emulator(dir.path());
+    let client = Client::new(ClientConfig {
+        project_id: Some("relay".into()),
+        environment: google_cloud_gax::conn::Environment::Emulator(host.clone()),
+        pool_size: 1,
+        ..ClientConfig::default()
+    })
+    .await
+    .unwrap();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let (topic, sub) = (format!("orders-{stamp}"), format!("relay-{stamp}"));
+    client.topic(&topic).create(None, None).await.unwrap();
+    client
+        .subscription(&sub)
+        .create(
+            &client.fully_qualified_topic_name(&topic),
+            SubscriptionConfig {
+                ack_deadline_seconds: 10,
+                ..SubscriptionConfig::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    let publisher = client.topic(&topic).new_publisher(None);
+    let mut published = std::collections::BTreeSet::new();
+    for chunk in (0..N).collect::<Vec<_>>().chunks(500) {
+        let msgs = chunk
+            .iter()
+            .map(|i| google_cloud_googleapis::pubsub::v1::PubsubMessage {
+                data: Bytes::from(format!("{{\"i\":{i}}}")),
+                ..Default::default()
+            })
+            .collect();
+        published.extend(publisher.publish_immediately(msgs, None).await.unwrap());
+    }
+    assert_eq!(published.len(), N);
+    let nats = spawn_nats(&dir.path().join("js"));
+    let url = format!("nats://127.0.0.1:{}", nats.port);
+    let body = format!(
+        "sources:\n  gcp:\n    kind: pubsub\n    project: relay\n    endpoint: {host}\n    subscription: {sub}\n    ack_deadline: 10s\n    max_outstanding_messages: 64\nsinks:\n  bus:\n    kind: nats\n    url: {url}\n    subject: relay.events\n    max_in_flight: 64\n    jetstream: {{ stream: PSRELAY, create: {{ subjects: [\"relay.>\"], duplicate_window: 10m }} }}\nroutes:\n  - {{ from: [gcp], to: [bus] }}\n"
+    );
+    let mut d = Daemon::start_with(dir.path(), &body);
+    d.wait_ready().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    loop {
+        let n = match js.get_stream("PSRELAY").await {
+            Ok(mut s) => s.info().await.unwrap().state.messages,
+            Err(_) => 0,
+        };
+        if n >= (N / 5) as u64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the relay did not start: {n} messages; log:\n{}",
+            d.stderr_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = d.child.kill(); // SIGKILL: no drain, no last acks
+    let _ = d.child.wait();
+    let (at_kill, _) = stream_ids(&url, "PSRELAY").await;
+    assert!(
+        at_kill.len() < N * 3 / 4,
+        "the kill came too late to test anything: {} of {N}",
+        at_kill.len()
+    );
+
+    let dir2 = tempfile::tempdir().unwrap();
+    let mut d2 = Daemon::start_with(dir2.path(), &body);
+    d2.wait_ready().await;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let ids = loop {
+        let (ids, n) = stream_ids(&url, "PSRELAY").await;
+        if ids.len() == N {
+            assert_eq!(n, N as u64, "each message once in the stream");
+            break ids;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "{} of {N} messages in the stream after the restart; log:\n{}",
+                ids.len(),
+                d2.stderr_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(ids, published, "the event ids are the Pub/Sub message ids");
+    assert!(d2.stop().success());
+    let (_, n) = stream_ids(&url, "PSRELAY").await;
+    assert_eq!(n, N as u64, "nothing written twice by the drain");
+}
+
 /// A Kafka source whose brokers vanished must not hold the process at SIGTERM: librdkafka's
 /// close never returns without brokers, so the daemon stops within its bounds anyway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -87,11 +87,7 @@ pub fn decode_prefixed(
                 "{prefix}specversion {v:?} is not supported"
             )))
         }
-        None => {
-            return Err(EventError(format!(
-                "{prefix}specversion header is missing"
-            )))
-        }
+        None => return Err(EventError(format!("{prefix}specversion header is missing"))),
     }
     if let Some(ct) = content_type {
         check_media_type(&ct)?;

@@ -255,7 +255,7 @@ pubsub_options! {
         pub topic: String,
         #[serde(default)]
         pub mode: Mode,
-        /// A template for each message's ordering key, like `{{ partitionkey }}` or `{{ subject }}`
+        /// A template for each message's ordering key, like `{partitionkey}` or `{subject}`
         /// (the topic's subscriptions must enable message ordering to use it). Events of one key
         /// are published in order: the sink then has one publish in flight at a time.
         pub ordering_key: Option<String>,

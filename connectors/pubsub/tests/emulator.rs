@@ -504,3 +504,39 @@ async fn missing_resources_are_clear_errors() {
     .to_string();
     assert!(e.contains("max_outstanding"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sink_sets_ordering_keys_from_a_template() {
+    let emu = emulator().await;
+    let topic = emu.topic().await;
+    let raw_sub = emu.subscription(&topic, true).await;
+    let sink = testkit::start_sink::<PubSubSinkConfig>(
+        "ps-sink-order",
+        json!({"project": PROJECT, "endpoint": emu.host, "topic": topic, "ordering_key": "k-{partitionkey}"}),
+    )
+    .await;
+    let events: Vec<Event> = (0..3)
+        .map(|i| {
+            let mut e = Event::new(format!("o{i}"), "/s", "t").with_json(format!("{{\"i\":{i}}}"));
+            e.set_extension("partitionkey", "acct7");
+            e
+        })
+        .collect();
+    let o = sink.send(events).await;
+    assert_eq!(o.status, Status::Delivered, "{o:?}");
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        for m in emu
+            .client
+            .subscription(&raw_sub)
+            .pull(10, None)
+            .await
+            .unwrap()
+        {
+            assert_eq!(m.message.ordering_key, "k-acct7");
+            got.push(m.message.attributes["ce-id"].clone());
+            m.ack().await.unwrap();
+        }
+    }
+    assert_eq!(got, ["o0", "o1", "o2"], "published in order");
+}

@@ -51,7 +51,8 @@ pub fn spawn_moto(dir: &Path) -> ServerProcess {
 }
 
 /// Where the Debian package `google-cloud-cli-pubsub-emulator` puts the emulator.
-const PUBSUB_EMULATOR: &str = "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator";
+const PUBSUB_EMULATOR: &str =
+    "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator";
 
 /// The Pub/Sub emulator (Java; `SLUICE_PUBSUB_EMULATOR` names another path). No registry
 /// carries it: it comes with the machine image or Google's Cloud SDK apt repository.
