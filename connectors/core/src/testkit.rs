@@ -149,7 +149,15 @@ impl Capture {
             .expect("testkit: the pipeline closed")
     }
 
-    /// The next event, acknowledged as delivered.
+    /// [`Capture::next_within`], whose panic names `step` (what the test waited for).
+    pub async fn next_for(&mut self, step: &str, timeout: Duration) -> SinkItem {
+        match tokio::time::timeout(timeout, self.input.recv()).await {
+            Ok(Some(item)) => item,
+            Ok(None) => panic!("testkit: {step}: the pipeline closed"),
+            Err(_) => panic!("testkit: {step}: no event arrived within {timeout:?}"),
+        }
+    }
+
     /// The next item, or `None` once the input has ended.
     pub async fn next_or_end(&mut self) -> Option<SinkItem> {
         self.input.recv().await
@@ -503,7 +511,7 @@ pub async fn pull_source_compliance<C: crate::SourceConfig>(
     put(3).await;
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(cap.next_within(timeout).await);
+        held.push(cap.next_for("2. received by the first instance", timeout).await);
     }
     let first: std::collections::BTreeSet<Bytes> = held.iter().map(|i| data(&i.event)).collect();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -517,7 +525,7 @@ pub async fn pull_source_compliance<C: crate::SourceConfig>(
     let mut cap = b.capture();
     let mut again = std::collections::BTreeSet::new();
     while again.len() < first.len() {
-        let item = cap.next_within(timeout).await;
+        let item = cap.next_for("3. handed on after the crash", timeout).await;
         again.insert(data(&item.event));
         item.delivery.delivered();
     }
@@ -530,7 +538,7 @@ pub async fn pull_source_compliance<C: crate::SourceConfig>(
     put(2).await;
     let mut held = Vec::new();
     while held.len() < 2 {
-        let item = cap.next_within(timeout).await;
+        let item = cap.next_for("4. taken before the shutdown", timeout).await;
         if first.contains(&data(&item.event)) {
             // A repeat of an earlier one (allowed: at-least-once); settle it too.
             item.delivery.delivered();
@@ -564,7 +572,7 @@ pub async fn pull_source_compliance<C: crate::SourceConfig>(
     let (mut c, task) = start_source::<C>(&format!("{name}-c"), cfg).await;
     let mut cap = c.capture();
     put(1).await;
-    let item = cap.next_within(timeout).await;
+    let item = cap.next_for("5. the one new message", timeout).await;
     let got = data(&item.event);
     assert!(
         !first.contains(&got) && !drained.contains(&got),

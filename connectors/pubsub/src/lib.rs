@@ -18,6 +18,7 @@ mod source;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use gcloud_pubsub::apiv1::conn_pool::ConnectionManager;
 use gcloud_pubsub::client::{Client, ClientConfig};
 use google_cloud_gax::conn::Environment;
 use serde::Deserialize;
@@ -79,13 +80,14 @@ impl Connection {
                 .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
             if !ok || e.contains("://") {
                 return Err(format!(
-                    "endpoint {e:?} must be host:port of a Pub/Sub emulator (like 127.0.0.1:8085)"
+                    "endpoint: {e:?} must be host:port of a Pub/Sub emulator (like 127.0.0.1:8085)"
                 ));
             }
         }
         if self.endpoint.is_some() && self.credentials_file.is_some() {
             return Err(
-                "credentials_file is for Google's endpoint; an emulator endpoint takes none".into(),
+                "credentials_file: is for Google's endpoint; an emulator endpoint takes none"
+                    .into(),
             );
         }
         Ok(())
@@ -102,6 +104,30 @@ impl Connection {
 
     /// A client: the emulator without credentials, or Google with the configured ones.
     pub(crate) async fn client(&self) -> Result<Client, String> {
+        let config = self.config().await?;
+        Client::new(config)
+            .await
+            .map_err(|e| format!("cannot connect to Pub/Sub: {e}"))
+    }
+
+    /// A client, and a channel of its own for a streaming pull.
+    pub(crate) async fn clients(&self) -> Result<(Client, ConnectionManager), String> {
+        let config = self.config().await?;
+        let streaming = ConnectionManager::new(
+            1,
+            &config.endpoint,
+            &config.environment,
+            &config.connection_option,
+        )
+        .await
+        .map_err(|e| format!("cannot connect to Pub/Sub: {e}"))?;
+        let client = Client::new(config)
+            .await
+            .map_err(|e| format!("cannot connect to Pub/Sub: {e}"))?;
+        Ok((client, streaming))
+    }
+
+    async fn config(&self) -> Result<ClientConfig, String> {
         let mut config = ClientConfig {
             project_id: Some(self.project.clone()),
             ..ClientConfig::default()
@@ -132,20 +158,18 @@ impl Connection {
                 config.project_id = Some(self.project.clone());
             }
         }
-        Client::new(config)
-            .await
-            .map_err(|e| format!("cannot connect to Pub/Sub: {e}"))
+        Ok(config)
     }
 }
 
 /// A project, topic or subscription id: Pub/Sub's rules, checked before any call.
 fn check_id(what: &str, id: &str) -> Result<(), String> {
     if id.is_empty() {
-        return Err(format!("{what} must not be empty"));
+        return Err(format!("{what}: must not be empty"));
     }
     if id.len() > 255 || id.chars().any(|c| c.is_whitespace() || c == '/') {
         return Err(format!(
-            "{what} {id:?} is not a Pub/Sub id (no spaces or slashes, at most 255 characters)"
+            "{what}: {id:?} is not a Pub/Sub id (no spaces or slashes, at most 255 characters)"
         ));
     }
     Ok(())
@@ -163,12 +187,12 @@ fn resource_id<'a>(
         let parts: Vec<&str> = rest.split('/').collect();
         if parts.len() != 3 || parts[1] != kind {
             return Err(format!(
-                "{what} {value:?} must be an id or projects/<project>/{kind}/<id>"
+                "{what}: {value:?} must be an id or projects/<project>/{kind}/<id>"
             ));
         }
         if parts[0] != project {
             return Err(format!(
-                "{what} {value:?} is in project {:?}, not in project {project:?}",
+                "{what}: {value:?} is in project {:?}, not in project {project:?}",
                 parts[0]
             ));
         }
@@ -308,25 +332,25 @@ impl PubSubSourceConfig {
             resource_id("topic", "topics", t, &c.project)?;
         } else if self.enable_message_ordering {
             return Err(
-                "enable_message_ordering applies when Sluice creates the subscription: set topic too (or enable ordering on the existing subscription)"
+                "enable_message_ordering: applies when Sluice creates the subscription: set topic too (or enable ordering on the existing subscription)"
                     .into(),
             );
         }
         if self.max_outstanding_messages == 0 || self.max_outstanding_messages > 100_000 {
-            return Err("max_outstanding_messages must be between 1 and 100000".into());
+            return Err("max_outstanding_messages: must be between 1 and 100000".into());
         }
         if self.max_outstanding_bytes.bytes() < 1024 {
-            return Err("max_outstanding_bytes must be at least 1KiB".into());
+            return Err("max_outstanding_bytes: must be at least 1KiB".into());
         }
         let d = self.ack_deadline.get();
         if d < Duration::from_secs(10) || d > Duration::from_secs(600) {
             return Err(
-                "ack_deadline must be between 10s and 600s (Pub/Sub's limits; it is extended while in flight)"
+                "ack_deadline: must be between 10s and 600s (Pub/Sub's limits; it is extended while in flight)"
                     .into(),
             );
         }
         if self.max_extension.get() < d {
-            return Err("max_extension must be at least ack_deadline".into());
+            return Err("max_extension: must be at least ack_deadline".into());
         }
         Ok(())
     }
@@ -340,13 +364,13 @@ impl PubSubSinkConfig {
             sluice_core::template::Template::parse("ordering_key", t)?;
         }
         if self.max_batch == 0 || self.max_batch > 1000 {
-            return Err("max_batch must be between 1 and 1000 (Pub/Sub takes at most 1000 messages per Publish)".into());
+            return Err("max_batch: must be between 1 and 1000 (Pub/Sub takes at most 1000 messages per Publish)".into());
         }
         if self.concurrency == 0 || self.concurrency > 256 {
-            return Err("concurrency must be between 1 and 256".into());
+            return Err("concurrency: must be between 1 and 256".into());
         }
         if self.timeout.get() < Duration::from_secs(1) {
-            return Err("timeout must be at least 1s".into());
+            return Err("timeout: must be at least 1s".into());
         }
         Ok(())
     }

@@ -1,8 +1,10 @@
 //! `kind: pubsub` source: a streaming pull, settled message by message after delivery.
 //!
-//! One gRPC stream (the client's subscriber task) feeds a small channel; the loop takes a
-//! message only while the in-flight window has room, so a slow pipeline stops the stream
-//! (and the server's flow control stops at `max_outstanding_*`). Each message's events go into
+//! One gRPC `StreamingPull` whose request stream is ours (the first request carries the flow
+//! control, then a keepalive every 30 s; dropped, it half-closes the call, so no stream outlives
+//! the source). The loop reads the next response only when the messages of the last one are in
+//! the pipeline and the in-flight window has room, so a slow pipeline stops the stream (and the
+//! server's flow control stops at `max_outstanding_*`). Each message's events go into
 //! the pipeline with a deadline (`max_extension`); while they are there its ack deadline is
 //! extended (`ModifyAckDeadline`). Delivered → `Acknowledge` (batched). Failed, or a copy
 //! already in flight → its deadline is set to a backoff, so Pub/Sub redelivers it later, never
@@ -19,14 +21,16 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use gcloud_pubsub::apiv1::conn_pool::ConnectionManager;
 use gcloud_pubsub::apiv1::subscriber_client::SubscriberClient;
 use gcloud_pubsub::client::Client;
-use gcloud_pubsub::subscriber::{ReceivedMessage, SubscriberConfig};
-use gcloud_pubsub::subscription::{
-    MessageStream, SubscribeConfig, Subscription, SubscriptionConfig,
+use gcloud_pubsub::subscription::{Subscription, SubscriptionConfig};
+use google_cloud_gax::grpc::{Code, Request, Status as GrpcStatus, Streaming};
+use google_cloud_googleapis::pubsub::v1::subscriber_client::SubscriberClient as GrpcSubscriber;
+use google_cloud_googleapis::pubsub::v1::{
+    AcknowledgeRequest, ModifyAckDeadlineRequest, PubsubMessage, StreamingPullRequest,
+    StreamingPullResponse,
 };
-use google_cloud_gax::grpc::Code;
-use google_cloud_googleapis::pubsub::v1::{AcknowledgeRequest, ModifyAckDeadlineRequest};
 use sluice_core::event::{
     check_extension_name, extension_name_from, Data, Event, ExtValue, Timestamp,
 };
@@ -36,13 +40,16 @@ use sluice_core::telemetry::{PullTelemetry, Settled};
 use sluice_core::{
     argo, BoxFuture, ConnectorError, Outcome, Running, SourceConfig, SourceContext, Status,
 };
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::binding::{self, Decoded};
 use crate::{api_call, resource_id, Format, PubSubSourceConfig};
 
-/// Messages buffered between the client's stream task and the loop.
-const CHANNEL: usize = 64;
+/// How often an empty request keeps the stream alive.
+const KEEPALIVE: Duration = Duration::from_secs(30);
+/// The largest response the stream takes (Pub/Sub's message limit is 10 MB).
+const MAX_RESPONSE: usize = 20 * 1024 * 1024;
 /// Ack ids in one `Acknowledge` / `ModifyAckDeadline` call, at most.
 const SETTLE_BATCH: usize = 500;
 /// How long acks and deadline changes wait to fill a batch.
@@ -85,7 +92,7 @@ impl SourceConfig for PubSubSourceConfig {
             )
             .map_err(err)?
             .to_owned();
-            let client = self.connection().client().await.map_err(err)?;
+            let (client, streaming) = self.connection().clients().await.map_err(err)?;
             let sub = client.subscription(&sub_id);
             let (topic, sc) = read_or_create(&client, &sub, &self).await.map_err(err)?;
             let decoder = Decoder {
@@ -110,10 +117,15 @@ impl SourceConfig for PubSubSourceConfig {
             };
             let engine = Engine {
                 telemetry: PullTelemetry::new(&name),
+                streaming,
+                client_id: format!(
+                    "sluice-{name}-{}-{}",
+                    std::process::id(),
+                    chrono::Utc::now().timestamp_micros()
+                ),
                 client: sub.get_client(),
                 fqsn: sub.fully_qualified_name().to_owned(),
                 dead_letter: sc.dead_letter_policy.is_some(),
-                sub,
                 name,
                 decoder,
                 ack_deadline: self.ack_deadline.get(),
@@ -196,14 +208,22 @@ struct Decoder {
     metadata: serde_json::Value,
 }
 
-fn publish_time(m: &ReceivedMessage) -> Option<chrono::DateTime<chrono::Utc>> {
+/// A message as the stream delivered it.
+struct Msg {
+    ack_id: String,
+    message: PubsubMessage,
+    /// Pub/Sub's delivery attempt (only with a dead-letter policy).
+    attempt: Option<u32>,
+}
+
+fn publish_time(m: &Msg) -> Option<chrono::DateTime<chrono::Utc>> {
     let t = m.message.publish_time.as_ref()?;
     chrono::DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).unwrap_or(0))
 }
 
 impl Decoder {
     /// `Err`: not a valid event (rejected).
-    fn event(&self, r: &ReceivedMessage) -> Result<Event, String> {
+    fn event(&self, r: &Msg) -> Result<Event, String> {
         let m = &r.message;
         let time = publish_time(r);
         let stamp = time.map(Timestamp::from_utc).unwrap_or_else(Timestamp::now);
@@ -269,15 +289,18 @@ struct Handle {
     key: Option<String>,
 }
 
-/// A message waiting behind an earlier one of its ordering key.
+/// A message received and not in the pipeline yet: waiting for room, or behind an earlier one
+/// of its ordering key.
 struct Waiting {
-    msg: ReceivedMessage,
+    msg: Msg,
     lease_until: Instant,
 }
 
 /// The loop's mutable state.
 struct State {
     window: InFlight<Handle>,
+    /// Messages of the last response not taken yet (the window was full).
+    received: VecDeque<Waiting>,
     /// Ordering keys with a message in the pipeline, and the messages waiting behind it.
     keys: HashMap<String, VecDeque<Waiting>>,
     /// Messages in `keys` queues.
@@ -292,7 +315,10 @@ struct State {
 
 struct Engine {
     name: String,
-    sub: Subscription,
+    /// The channel the streaming pull runs on.
+    streaming: ConnectionManager,
+    /// Sent on every stream (Pub/Sub keeps ordering-key affinity per client id).
+    client_id: String,
     client: SubscriberClient,
     fqsn: String,
     decoder: Decoder,
@@ -304,31 +330,82 @@ struct Engine {
     telemetry: PullTelemetry,
 }
 
-/// The next message of the stream; pending while there is none.
-async fn next_of(stream: &mut Option<MessageStream>) -> Option<ReceivedMessage> {
-    match stream {
-        Some(s) => s.next().await,
+/// An open streaming pull: our request stream's sender (dropping it half-closes the call) and
+/// the responses.
+struct Pull {
+    requests: Option<mpsc::Sender<StreamingPullRequest>>,
+    responses: Option<Streaming<StreamingPullResponse>>,
+}
+
+impl Drop for Pull {
+    /// Half-closes the call and lets the server end it (for a few seconds at most, on a task of
+    /// its own), instead of resetting it at once: the emulator never cleans up a stream that is
+    /// reset (its log shows a `NoSuchMethodError` on `RST_STREAM`) and goes on sending to it.
+    /// What the server still sends meanwhile is not taken; it comes again after its deadline.
+    fn drop(&mut self) {
+        drop(self.requests.take());
+        let Some(mut responses) = self.responses.take() else {
+            return;
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                    while let Ok(Some(_)) = responses.message().await {}
+                })
+                .await;
+            });
+        }
+    }
+}
+
+/// The next response of the stream; pending while there is none.
+async fn next_of(pull: &mut Option<Pull>) -> Result<Option<StreamingPullResponse>, GrpcStatus> {
+    match pull {
+        Some(Pull {
+            responses: Some(r), ..
+        }) => r.message().await,
+        Some(_) => std::future::pending().await,
         None => std::future::pending().await,
     }
 }
 
 impl Engine {
-    fn subscribe_config(&self) -> SubscribeConfig {
-        let sc = SubscriberConfig {
+    /// Opens the streaming pull: the first request names the subscription, the deadline and
+    /// the flow control.
+    async fn open(&self) -> Result<Pull, GrpcStatus> {
+        let (requests, rx) = mpsc::channel::<StreamingPullRequest>(4);
+        let first = StreamingPullRequest {
+            subscription: self.fqsn.clone(),
             stream_ack_deadline_seconds: self.ack_deadline.as_secs() as i32,
             max_outstanding_messages: self.max_outstanding_messages as i64,
             max_outstanding_bytes: self.max_outstanding_bytes.min(i64::MAX as u64) as i64,
-            ..SubscriberConfig::default()
+            client_id: self.client_id.clone(),
+            ..StreamingPullRequest::default()
         };
-        SubscribeConfig::default()
-            .with_subscriber_config(sc)
-            .with_channel_capacity(CHANNEL.min(self.max_outstanding_messages))
+        requests.try_send(first).expect("a new channel has room");
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
+            );
+        let mut req = Request::new(stream);
+        if let Ok(v) = format!("subscription={}", self.fqsn).parse() {
+            req.metadata_mut().insert("x-goog-request-params", v);
+        }
+        let mut client =
+            GrpcSubscriber::new(self.streaming.conn()).max_decoding_message_size(MAX_RESPONSE);
+        let responses = client.streaming_pull(req).await?.into_inner();
+        Ok(Pull {
+            requests: Some(requests),
+            responses: Some(responses),
+        })
     }
 
     async fn run(self, ctx: SourceContext) -> Result<(), ConnectorError> {
         let deadline = self.ack_deadline;
         let mut st = State {
             window: InFlight::new(self.max_outstanding_messages, deadline),
+            received: VecDeque::new(),
             keys: HashMap::new(),
             held: 0,
             bytes: 0,
@@ -337,36 +414,35 @@ impl Engine {
             modacks: SettleBatch::new(SETTLE_BATCH, LINGER),
             calls: FuturesUnordered::new(),
         };
-        let mut stream = match self.sub.subscribe(Some(self.subscribe_config())).await {
-            Ok(s) => Some(s),
-            Err(e) => {
-                return Err(ConnectorError(format!(
-                    "pubsub source {}: cannot open the streaming pull on {}: {}",
-                    self.name,
-                    self.fqsn,
-                    e.message()
-                )))
-            }
-        };
+        let mut pull: Option<Pull> = None;
+        let mut reopen_at: Option<Instant> = Some(Instant::now());
         let mut leases = tokio::time::interval((deadline / 4).max(Duration::from_secs(1)));
         leases.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut reopen_at: Option<Instant> = None;
+        let mut keepalive = tokio::time::interval(KEEPALIVE);
+        keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failures = 0u32;
         loop {
             let stopping = ctx.shutdown.is_cancelled();
             if stopping {
-                if let Some(s) = stream.take() {
-                    // Messages the client buffered and never handed over are nacked now.
-                    let n = s.dispose().await;
-                    tracing::debug!(source = %self.name, nacked = n, "pubsub: stream closed");
-                    reopen_at = None;
+                // The call is half-closed and dropped: Pub/Sub sends nothing more.
+                pull = None;
+                reopen_at = None;
+                // Received and not in the pipeline, or waiting behind their key (they would go
+                // in out of order after a drain of the one ahead): handed back now.
+                for w in std::mem::take(&mut st.received) {
+                    self.hand_back(&mut st, w.msg.ack_id, 0);
                 }
-                // Messages waiting behind their key would go in out of order after a drain of
-                // the one ahead: handed back now.
                 let keys: Vec<String> = st.keys.keys().cloned().collect();
                 for k in keys {
                     self.release_key(&mut st, &k, 0, true);
                 }
+            }
+            // Messages of the last response, into the pipeline while there is room.
+            while !stopping && st.window.room() > st.held {
+                let Some(w) = st.received.pop_front() else {
+                    break;
+                };
+                self.offer(&ctx, &mut st, w.msg).await;
             }
             if stopping && st.window.is_empty() {
                 let rest = st.acks.take();
@@ -384,8 +460,11 @@ impl Engine {
                 .await;
                 break;
             }
-            let take =
-                !stopping && st.window.room() > st.held && st.bytes < self.max_outstanding_bytes;
+            let take = !stopping
+                && pull.is_some()
+                && st.received.is_empty()
+                && st.window.room() > st.held
+                && st.bytes < self.max_outstanding_bytes;
             let linger = [st.acks.deadline(), st.modacks.deadline()]
                 .into_iter()
                 .flatten()
@@ -407,35 +486,62 @@ impl Engine {
                     }
                 }
                 _ = leases.tick() => self.extend(&mut st),
+                _ = keepalive.tick(), if pull.is_some() => {
+                    if let Some(tx) = pull.as_ref().and_then(|p| p.requests.as_ref()) {
+                        let _ = tx.try_send(StreamingPullRequest::default());
+                    }
+                }
                 _ = ctx.shutdown.cancelled(), if !stopping => {}
                 _ = async { tokio::time::sleep_until(reopen_at.expect("checked")).await }, if reopen_at.is_some() => {
                     reopen_at = None;
-                    match self.sub.subscribe(Some(self.subscribe_config())).await {
-                        Ok(s) => stream = Some(s),
+                    match self.open().await {
+                        Ok(p) => pull = Some(p),
                         Err(e) => {
                             failures += 1;
                             let wait = Watermark::backoff(failures + 3);
-                            tracing::warn!(source = %self.name, subscription = %self.fqsn, error = %e.message(), retry_in = ?wait, "pubsub: cannot reopen the streaming pull");
+                            tracing::warn!(source = %self.name, subscription = %self.fqsn, code = %e.code(), error = %e.message(), retry_in = ?wait, "pubsub: cannot open the streaming pull");
                             reopen_at = Some(Instant::now() + wait);
                         }
                     }
                 }
-                m = next_of(&mut stream), if take => match m {
-                    Some(msg) => {
+                r = next_of(&mut pull), if take => match r {
+                    Ok(Some(resp)) => {
                         failures = 0;
-                        self.offer(&ctx, &mut st, msg).await;
-                    }
-                    None => {
-                        // The client's stream task stopped (an error it does not retry: the
-                        // subscription deleted, permissions taken away). Opened again with a
-                        // backoff; what was in flight goes on.
-                        if let Some(s) = stream.take() {
-                            s.dispose().await;
+                        let now = Instant::now();
+                        for m in resp.received_messages {
+                            let Some(message) = m.message else { continue };
+                            let size = message.data.len() as u64;
+                            st.bytes += size;
+                            st.sizes.insert(m.ack_id.clone(), size);
+                            st.received.push_back(Waiting {
+                                msg: Msg {
+                                    ack_id: m.ack_id,
+                                    message,
+                                    attempt: u32::try_from(m.delivery_attempt).ok().filter(|n| *n > 0),
+                                },
+                                lease_until: now + deadline,
+                            });
                         }
+                    }
+                    end => {
+                        // Pub/Sub ends streams now and then (UNAVAILABLE after some minutes);
+                        // other errors (the subscription deleted, permissions taken away) are
+                        // worth a warning. Opened again with a backoff; what was in flight
+                        // goes on.
+                        pull = None;
                         failures += 1;
                         let wait = Watermark::backoff(failures + 3);
                         self.telemetry.reconnects.increment(1);
-                        tracing::warn!(source = %self.name, subscription = %self.fqsn, retry_in = ?wait, "pubsub: the streaming pull stopped (is the subscription still there, and may these credentials pull from it?); opening it again");
+                        let routine = matches!(&end, Err(e) if matches!(e.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled));
+                        if routine && failures == 1 {
+                            tracing::debug!(source = %self.name, end = ?end.err(), retry_in = ?wait, "pubsub: the streaming pull ended; opening it again");
+                        } else {
+                            let (code, error) = match &end {
+                                Err(e) => (e.code().to_string(), e.message().to_owned()),
+                                Ok(_) => ("OK".to_owned(), "the server closed the stream".to_owned()),
+                            };
+                            tracing::warn!(source = %self.name, subscription = %self.fqsn, %code, %error, retry_in = ?wait, "pubsub: the streaming pull ended (is the subscription still there, and may these credentials pull from it?); opening it again");
+                        }
                         reopen_at = Some(Instant::now() + wait);
                     }
                 },
@@ -445,14 +551,20 @@ impl Engine {
         Ok(())
     }
 
+    /// Hands a message that never entered the pipeline back at once.
+    fn hand_back(&self, st: &mut State, ack_id: String, secs: i32) {
+        self.telemetry.settled(Settled::Retry, 1);
+        self.forget(st, &ack_id);
+        if let Some(b) = st.modacks.push((ack_id, secs)) {
+            st.calls.push(self.modack(b, false));
+        }
+    }
+
     /// A message from the stream: in the pipeline now, or queued behind its key.
-    async fn offer(&self, ctx: &SourceContext, st: &mut State, msg: ReceivedMessage) {
-        if msg.delivery_attempt().is_some_and(|n| n > 1) {
+    async fn offer(&self, ctx: &SourceContext, st: &mut State, msg: Msg) {
+        if msg.attempt.is_some_and(|n| n > 1) {
             self.telemetry.redeliveries.increment(1);
         }
-        let size = msg.message.data.len() as u64;
-        st.bytes += size;
-        st.sizes.insert(msg.ack_id.clone(), size);
         let key = (!msg.message.ordering_key.is_empty()).then(|| msg.message.ordering_key.clone());
         if let Some(k) = &key {
             if let Some(q) = st.keys.get_mut(k) {
@@ -470,16 +582,10 @@ impl Engine {
 
     /// Sends a message's event. A full pipeline holds the loop for at most a quarter of the
     /// ack deadline (leases are extended meanwhile by the next tick).
-    async fn start(
-        &self,
-        ctx: &SourceContext,
-        st: &mut State,
-        msg: ReceivedMessage,
-        key: Option<String>,
-    ) {
+    async fn start(&self, ctx: &SourceContext, st: &mut State, msg: Msg, key: Option<String>) {
         let handle = Handle {
             ack_id: msg.ack_id.clone(),
-            attempt: msg.delivery_attempt().unwrap_or(1) as u32,
+            attempt: msg.attempt.unwrap_or(1),
             key,
         };
         match self.decoder.event(&msg) {
@@ -588,11 +694,7 @@ impl Engine {
         };
         for w in waiting.into_iter().flatten() {
             st.held -= 1;
-            self.telemetry.settled(Settled::Retry, 1);
-            self.forget(st, &w.msg.ack_id);
-            if let Some(b) = st.modacks.push((w.msg.ack_id, secs)) {
-                st.calls.push(self.modack(b, false));
-            }
+            self.hand_back(st, w.msg.ack_id, secs);
         }
     }
 
@@ -611,7 +713,11 @@ impl Engine {
         st.window
             .extend_leases(margin, |h| due.push((h.ack_id.clone(), secs)));
         let now = Instant::now();
-        for q in st.keys.values_mut() {
+        for q in st
+            .keys
+            .values_mut()
+            .chain(std::iter::once(&mut st.received))
+        {
             for w in q.iter_mut() {
                 if w.lease_until.saturating_duration_since(now) <= margin {
                     w.lease_until = now + self.ack_deadline;
