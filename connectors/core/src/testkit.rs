@@ -511,7 +511,10 @@ pub async fn pull_source_compliance<C: crate::SourceConfig>(
     put(3).await;
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(cap.next_for("2. received by the first instance", timeout).await);
+        held.push(
+            cap.next_for("2. received by the first instance", timeout)
+                .await,
+        );
     }
     let first: std::collections::BTreeSet<Bytes> = held.iter().map(|i| data(&i.event)).collect();
     tokio::time::sleep(Duration::from_millis(200)).await;
