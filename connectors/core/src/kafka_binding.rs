@@ -54,6 +54,9 @@ pub fn decode_prefixed(
     let mut event = Event::new(String::new(), String::new(), String::new());
     let mut specversion = None;
     for (name, value) in headers {
+        if name.eq_ignore_ascii_case("content-type") {
+            continue; // datacontenttype, above
+        }
         let attr = if fold_case {
             match name.get(..prefix.len()) {
                 Some(p) if p.eq_ignore_ascii_case(prefix) => {

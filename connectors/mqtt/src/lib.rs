@@ -1,4 +1,4 @@
-//! MQTT 3.1.1 connectors, on rumqttc.
+//! MQTT 3.1.1 and 5 connectors, on rumqttc (`protocol_version: 4 | 5`).
 //!
 //! - `kind: mqtt` source: QoS 0/1 subscriptions (2 is refused); QoS 1 messages are acknowledged
 //!   (PUBACK) only after delivery and **in the order they arrived** (MQTT-4.6.0-2), through the
@@ -7,16 +7,19 @@
 //! - `kind: mqtt` sink: QoS 1 publish counts delivered on PUBACK, QoS 2 on PUBCOMP, QoS 0 once
 //!   written to the connection.
 //!
-//! CloudEvents over MQTT 3.1.1 use the binding's structured mode (the JSON event is the
-//! payload): incoming ones are taken as they are; the sink writes structured events.
+//! CloudEvents: MQTT 3.1.1 has only the binding's structured mode (the JSON event is the
+//! payload); MQTT 5 adds binary mode (user properties and Content Type). Incoming ones are taken
+//! as they are in either mode.
 
+mod binding;
+mod proto;
 mod sink;
 mod source;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rumqttc::{MqttOptions, QoS, TlsConfiguration, Transport};
+use rumqttc::QoS;
 use serde::Deserialize;
 
 pub use sink::MqttSinkConfig;
@@ -131,39 +134,13 @@ pub(crate) fn check_common(
     Ok(())
 }
 
-/// Connection options for one client.
-pub(crate) fn options(
-    url: &str,
-    client_id: &str,
-    keep_alive: Duration,
-    clean_session: bool,
-    auth: Option<&AuthConfig>,
-    tls: Option<&TlsConfig>,
-) -> Result<MqttOptions, String> {
-    let ep = parse_url(url)?;
-    let mut o = MqttOptions::new(client_id, ep.host, ep.port);
-    o.set_keep_alive(keep_alive.max(Duration::from_secs(5)));
-    o.set_clean_session(clean_session);
-    o.set_max_packet_size(16 << 20, 16 << 20);
-    if let Some(a) = auth {
-        o.set_credentials(a.username.clone(), a.password.clone());
+/// `protocol_version`: 4 (MQTT 3.1.1) or 5.
+pub(crate) fn check_version(v: u8) -> Result<(), String> {
+    match v {
+        4 | 5 => Ok(()),
+        3 => Err("protocol_version: 3 is MQTT 3.1, which is not supported; 4 is MQTT 3.1.1".into()),
+        _ => Err(format!("protocol_version: {v} is not 4 (MQTT 3.1.1) or 5")),
     }
-    if let Some(t) = tls {
-        let read = |p: &PathBuf, what: &str| {
-            std::fs::read(p).map_err(|e| format!("tls.{what} {}: {e}", p.display()))
-        };
-        let ca = read(t.ca.as_ref().ok_or("tls.ca is required")?, "ca")?;
-        let client_auth = match (&t.cert, &t.key) {
-            (Some(c), Some(k)) => Some((read(c, "cert")?, read(k, "key")?)),
-            _ => None,
-        };
-        o.set_transport(Transport::Tls(TlsConfiguration::Simple {
-            ca,
-            alpn: None,
-            client_auth,
-        }));
-    }
-    Ok(o)
 }
 
 /// Reconnect delays: 100 ms doubling, at most 5 s.

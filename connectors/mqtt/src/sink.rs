@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rumqttc::{AsyncClient, Event as MqttEvent, EventLoop, Outgoing, Packet, QoS};
+use bytes::Bytes;
 use serde::Deserialize;
 use sluice_core::template::Template;
 use sluice_core::units::HumanDuration;
@@ -14,7 +14,8 @@ use sluice_core::{
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::{check_common, options, qos, reconnect_delay, AuthConfig, TlsConfig};
+use crate::proto::{PollError, Polled, Props, Proto, Settings, V4, V5};
+use crate::{binding, check_common, check_version, qos, reconnect_delay, AuthConfig, TlsConfig};
 
 /// What a sink publishes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -25,6 +26,9 @@ pub enum Payload {
     Event,
     /// The event's data alone.
     Data,
+    /// MQTT 5 binary mode: the data as the payload, the attributes as user properties, the
+    /// content type as the Content Type property.
+    Binary,
 }
 
 /// `kind: mqtt` sink options.
@@ -33,6 +37,9 @@ pub enum Payload {
 pub struct MqttSinkConfig {
     #[serde(default = "crate::default_url")]
     pub url: String,
+    /// The MQTT protocol level: 4 (MQTT 3.1.1, default) or 5.
+    #[serde(default = "four")]
+    pub protocol_version: u8,
     /// The topic, a template over event attributes. Default `events/{type}`.
     #[serde(default = "default_topic")]
     pub topic: String,
@@ -63,6 +70,9 @@ fn default_topic() -> String {
 fn one() -> u8 {
     1
 }
+fn four() -> u8 {
+    4
+}
 fn default_window() -> u16 {
     100
 }
@@ -84,6 +94,10 @@ impl MqttSinkConfig {
 impl SinkConfig for MqttSinkConfig {
     fn validate(&self, name: &str) -> Result<(), String> {
         check_common(&self.url, &self.client_id(name), self.tls.as_ref())?;
+        check_version(self.protocol_version)?;
+        if self.payload == Payload::Binary && self.protocol_version != 5 {
+            return Err("payload: binary needs MQTT 5 (protocol_version: 5): MQTT 3.1.1 has no properties to carry the attributes".into());
+        }
         qos(self.qos)?;
         Template::parse("topic", &self.topic)?;
         if self.topic.contains(['+', '#']) {
@@ -102,35 +116,43 @@ impl SinkConfig for MqttSinkConfig {
         self: Box<Self>,
         ctx: SinkContext,
     ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
-        Box::pin(async move {
-            let name = ctx.name.clone();
-            let err = |m: String| ConnectorError(format!("mqtt sink {name}: {m}"));
-            // A clean session: every connection starts with a fresh client and nothing carried
-            // over (what was in flight when a connection dropped is reported failed, and the
-            // source upstream retries it), so packet ids never have to be matched across
-            // connections.
-            let mut opts = options(
-                &self.url,
-                &self.client_id(&name),
-                self.keep_alive.get(),
-                true,
-                self.auth.as_ref(),
-                self.tls.as_ref(),
-            )
-            .map_err(err)?;
-            opts.set_inflight(self.max_in_flight);
-            let sink = MqttSink {
-                template: Template::parse("topic", &self.topic).map_err(err)?,
-                qos: qos(self.qos).map_err(err)?,
-                name: name.clone(),
-                opts,
-                cfg: *self,
-            };
-            // Built means connected.
-            let conn = sink.connect().await.map_err(err)?;
-            Ok(Box::pin(sink.run(conn, ctx)) as Running)
-        })
+        if self.protocol_version == 5 {
+            Box::pin(start::<V5>(*self, ctx))
+        } else {
+            Box::pin(start::<V4>(*self, ctx))
+        }
     }
+}
+
+async fn start<P: Proto>(cfg: MqttSinkConfig, ctx: SinkContext) -> Result<Running, ConnectorError> {
+    let name = ctx.name.clone();
+    let err = |m: String| ConnectorError(format!("mqtt sink {name}: {m}"));
+    // A clean session: every connection starts with a fresh client and nothing carried over
+    // (what was in flight when a connection dropped is reported failed, and the source upstream
+    // retries it), so packet ids never have to be matched across connections.
+    let mut opts = P::options(&Settings {
+        url: &cfg.url,
+        client_id: &cfg.client_id(&name),
+        keep_alive: cfg.keep_alive.get(),
+        clean: true,
+        session_expiry: Duration::ZERO,
+        auth: cfg.auth.as_ref(),
+        tls: cfg.tls.as_ref(),
+        manual_acks: false,
+    })
+    .map_err(err)?;
+    P::set_inflight(&mut opts, cfg.max_in_flight);
+    qos(cfg.qos).map_err(err)?;
+    let sink = MqttSink::<P> {
+        template: Template::parse("topic", &cfg.topic).map_err(err)?,
+        qos: cfg.qos,
+        name: name.clone(),
+        opts,
+        cfg,
+    };
+    // Built means connected.
+    let conn = sink.connect().await.map_err(err)?;
+    Ok(Box::pin(sink.run(conn, ctx)) as Running)
 }
 
 struct Waiting {
@@ -171,13 +193,13 @@ impl Tracker {
 }
 
 /// One connection: its client, its tracker, the task that drives it.
-struct Conn {
-    client: AsyncClient,
+struct Conn<P: Proto> {
+    client: P::Client,
     tracker: Arc<Mutex<Tracker>>,
     pump: tokio::task::JoinHandle<()>,
 }
 
-impl Conn {
+impl<P: Proto> Conn<P> {
     /// Ends the connection and fails what it still had in flight.
     fn close(self, why: &str) {
         self.pump.abort();
@@ -189,24 +211,30 @@ fn lock(t: &Mutex<Tracker>) -> std::sync::MutexGuard<'_, Tracker> {
     t.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-struct MqttSink {
+struct MqttSink<P: Proto> {
     name: String,
     cfg: MqttSinkConfig,
-    opts: rumqttc::MqttOptions,
+    opts: P::Options,
     template: Template,
-    qos: QoS,
+    qos: u8,
 }
 
-impl MqttSink {
-    async fn connect(&self) -> Result<Conn, String> {
+impl<P: Proto> MqttSink<P> {
+    async fn connect(&self) -> Result<Conn<P>, String> {
         let (client, mut eventloop) =
-            AsyncClient::new(self.opts.clone(), self.cfg.max_in_flight as usize + 16);
+            P::client(self.opts.clone(), self.cfg.max_in_flight as usize + 16);
         let connected = tokio::time::timeout(Duration::from_secs(10), async {
             loop {
-                match eventloop.poll().await {
-                    Ok(MqttEvent::Incoming(Packet::ConnAck(_))) => return Ok(()),
+                match P::poll(&mut eventloop).await {
+                    Ok(Polled::ConnAck { refused: None, .. }) => return Ok(()),
+                    Ok(Polled::ConnAck {
+                        refused: Some(why), ..
+                    }) => return Err(why),
                     Ok(_) => {}
-                    Err(e) => return Err(format!("cannot connect ({e})")),
+                    Err(PollError::Done) => {
+                        return Err("cannot connect (the client stopped)".into())
+                    }
+                    Err(PollError::Lost(e)) => return Err(format!("cannot connect ({e})")),
                 }
             }
         })
@@ -219,7 +247,7 @@ impl MqttSink {
         })?;
         connected?;
         let tracker = Arc::new(Mutex::new(Tracker::default()));
-        let pump = tokio::spawn(pump(
+        let pump = tokio::spawn(pump::<P>(
             eventloop,
             tracker.clone(),
             self.qos,
@@ -232,7 +260,7 @@ impl MqttSink {
         })
     }
 
-    async fn run(self, first: Conn, mut ctx: SinkContext) -> Result<(), ConnectorError> {
+    async fn run(self, first: Conn<P>, mut ctx: SinkContext) -> Result<(), ConnectorError> {
         let window = Arc::new(Semaphore::new(self.cfg.max_in_flight as usize));
         let mut conn = Some(first);
         let mut next_attempt = Instant::now();
@@ -292,13 +320,23 @@ impl MqttSink {
                 delivery.failed("not connected to the broker (reconnecting)");
                 continue;
             };
-            let body = match self.cfg.payload {
-                Payload::Event => format::encode_event(&event),
-                Payload::Data => event
-                    .data
-                    .as_bytes()
-                    .map(|b| b.to_vec())
-                    .unwrap_or_default(),
+            let (props, body) = match self.cfg.payload {
+                Payload::Event => {
+                    let props = Props {
+                        content_type: (P::VERSION == 5)
+                            .then(|| format!("{}; charset=utf-8", format::STRUCTURED_CONTENT_TYPE)),
+                        ..Props::default()
+                    };
+                    (props, Bytes::from(format::encode_event(&event)))
+                }
+                Payload::Data => {
+                    let props = Props {
+                        content_type: event.datacontenttype.clone().filter(|_| P::VERSION == 5),
+                        ..Props::default()
+                    };
+                    (props, event.data.as_bytes().cloned().unwrap_or_default())
+                }
+                Payload::Binary => binding::encode_binary(&event),
             };
             // Queued before the request, so the client cannot report it first.
             lock(&c.tracker).queued.push_back(Waiting {
@@ -306,10 +344,8 @@ impl MqttSink {
                 deadline: Instant::now() + self.cfg.timeout.get(),
                 _permit: permit,
             });
-            if let Err(e) = c
-                .client
-                .publish(topic, self.qos, self.cfg.retain, body)
-                .await
+            if let Err(e) =
+                P::publish(&c.client, topic, self.qos, self.cfg.retain, body, props).await
             {
                 if let Some(w) = lock(&c.tracker).queued.pop_back() {
                     w.delivery
@@ -329,7 +365,7 @@ impl MqttSink {
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            let _ = c.client.disconnect().await;
+            P::disconnect(&c.client).await;
             let _ = tokio::time::timeout(Duration::from_secs(2), async {
                 while !c.pump.is_finished() {
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -344,29 +380,37 @@ impl MqttSink {
 }
 
 /// Drives one connection and matches acknowledgements; returns when it drops.
-async fn pump(mut eventloop: EventLoop, tracker: Arc<Mutex<Tracker>>, qos: QoS, name: String) {
+async fn pump<P: Proto>(
+    mut eventloop: P::EventLoop,
+    tracker: Arc<Mutex<Tracker>>,
+    qos: u8,
+    name: String,
+) {
     loop {
-        match eventloop.poll().await {
-            Ok(MqttEvent::Outgoing(Outgoing::Publish(pkid))) => {
+        match P::poll(&mut eventloop).await {
+            Ok(Polled::Sent(pkid)) => {
                 let mut t = lock(&tracker);
                 if let Some(w) = t.queued.pop_front() {
-                    if qos == QoS::AtMostOnce {
+                    if qos == 0 {
                         w.delivery.delivered();
                     } else {
                         t.by_pkid.insert(pkid, w);
                     }
                 }
             }
-            Ok(MqttEvent::Incoming(Packet::PubAck(rumqttc::PubAck { pkid })))
-            | Ok(MqttEvent::Incoming(Packet::PubComp(rumqttc::PubComp { pkid }))) => {
+            Ok(Polled::Acked { pkid, refused }) => {
                 if let Some(w) = lock(&tracker).by_pkid.remove(&pkid) {
-                    w.delivery.delivered();
+                    match refused {
+                        None => w.delivery.delivered(),
+                        Some(r) if r.permanent => w.delivery.rejected(r.why),
+                        Some(r) => w.delivery.failed(r.why),
+                    }
                 }
             }
-            Ok(MqttEvent::Outgoing(Outgoing::Disconnect)) => return,
+            Ok(Polled::Disconnected) => return,
             Ok(_) => {}
-            Err(rumqttc::ConnectionError::RequestsDone) => return,
-            Err(e) => {
+            Err(PollError::Done) => return,
+            Err(PollError::Lost(e)) => {
                 tracing::warn!(sink = %name, error = %e, "mqtt: connection lost");
                 return;
             }

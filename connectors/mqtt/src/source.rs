@@ -6,10 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use rumqttc::{
-    AsyncClient, Event as MqttEvent, EventLoop, Packet, Publish, QoS, SubscribeFilter,
-    SubscribeReasonCode,
-};
 use serde::Deserialize;
 use sluice_core::event::{Data, Event, EventError, Timestamp};
 use sluice_core::pipeline::SendOptions;
@@ -22,13 +18,15 @@ use sluice_core::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::{check_common, options, qos, reconnect_delay, AuthConfig, TlsConfig};
+use crate::proto::{PollError, Polled, Proto, Settings, View, V4, V5};
+use crate::{binding, check_common, check_version, qos, reconnect_delay, AuthConfig, TlsConfig};
 
 /// `format:` of an MQTT source.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Format {
-    /// Structured CloudEvents are taken as they are, other payloads wrapped (default).
+    /// CloudEvents are taken as they are (structured; with MQTT 5 also binary: user
+    /// properties), other payloads wrapped (default).
     #[default]
     Cloudevents,
     /// Argo Events' MQTT event: type `mqtt`, data `{topic, messageId, body, metadata}`.
@@ -44,6 +42,13 @@ pub struct MqttSourceConfig {
     pub url: String,
     /// Topic filters to subscribe to (`+` and `#` wildcards).
     pub topics: Vec<String>,
+    /// The MQTT protocol level: 4 (MQTT 3.1.1, default) or 5.
+    #[serde(default = "four")]
+    pub protocol_version: u8,
+    /// MQTT 5 with `clean_session: false`: how long the broker keeps the session after a
+    /// disconnect. Default: as long as it can (the largest expiry MQTT 5 has; 3.1.1 sessions
+    /// have no expiry).
+    pub session_expiry: Option<HumanDuration>,
     /// Subscription QoS: 0 (at most once: nothing to acknowledge) or 1 (default). 2 is refused
     /// (see the connector's page).
     #[serde(default = "one")]
@@ -84,6 +89,9 @@ pub struct MqttSourceConfig {
 fn one() -> u8 {
     1
 }
+fn four() -> u8 {
+    4
+}
 fn thirty_seconds() -> HumanDuration {
     HumanDuration::from_secs(30)
 }
@@ -119,6 +127,13 @@ fn check_filter(f: &str) -> Result<(), String> {
 impl SourceConfig for MqttSourceConfig {
     fn validate(&self, name: &str) -> Result<(), String> {
         check_common(&self.url, &self.client_id(name), self.tls.as_ref())?;
+        check_version(self.protocol_version)?;
+        if self.session_expiry.is_some() && (self.protocol_version != 5 || self.clean_session) {
+            return Err(
+                "session_expiry: applies to MQTT 5 (protocol_version: 5) with clean_session: false"
+                    .into(),
+            );
+        }
         qos(self.qos)?;
         if self.qos == 2 {
             return Err("qos 2 subscriptions are not supported: the MQTT client cannot resume an exactly-once exchange after a reconnect (it refuses the broker's PUBREL); use qos 1 (repeats of CloudEvents are dropped by dedup)".into());
@@ -142,124 +157,134 @@ impl SourceConfig for MqttSourceConfig {
         self: Box<Self>,
         ctx: SourceContext,
     ) -> BoxFuture<'static, Result<Running, ConnectorError>> {
-        Box::pin(async move {
-            let name = ctx.name.clone();
-            let err = |m: String| ConnectorError(format!("mqtt source {name}: {m}"));
-            let client_id = self.client_id(&name);
-            let mut opts = options(
-                &self.url,
-                &client_id,
-                self.keep_alive.get(),
-                self.clean_session,
-                self.auth.as_ref(),
-                self.tls.as_ref(),
-            )
-            .map_err(err)?;
-            opts.set_manual_acks(true);
-            // Acknowledgements never wait for room: there are at most as many as messages not
-            // yet acknowledged, and the packet id space bounds those (65535).
-            let capacity = 65_535 + 64;
-            let (client, mut eventloop) = AsyncClient::new(opts.clone(), capacity);
-            let filters: Vec<SubscribeFilter> = self
-                .topics
-                .iter()
-                .map(|t| SubscribeFilter::new(t.clone(), qos(self.qos).unwrap_or(QoS::AtLeastOnce)))
-                .collect();
-            // Built means subscribed: connect and wait for the SUBACK (10 s at most).
-            let mut early = Vec::new();
-            let session_present = tokio::time::timeout(
-                Duration::from_secs(10),
-                connect(&client, &mut eventloop, &filters, true, &mut early),
-            )
-            .await
-            .map_err(|_| {
-                err(format!(
-                    "no answer from {} within 10s; is the broker up?",
-                    self.url
-                ))
-            })?
-            .map_err(err)?;
-            tracing::info!(source = %name, client_id = %client_id, session_present, topics = ?self.topics, "mqtt: subscribed");
-            let source = MqttSource {
-                ty: self.event_type.clone().unwrap_or_else(|| "mqtt".into()),
-                source: self.event_source.clone().unwrap_or_else(|| name.clone()),
-                metadata: serde_json::to_vec(&self.metadata).unwrap_or_else(|_| b"{}".to_vec()),
-                telemetry: PullTelemetry::new(&name),
-                name,
-                cfg: *self,
-            };
-            let link = Link {
-                opts,
-                capacity,
-                filters,
-            };
-            Ok(Box::pin(source.run(client, eventloop, link, early, ctx)) as Running)
-        })
+        if self.protocol_version == 5 {
+            Box::pin(start::<V5>(*self, ctx))
+        } else {
+            Box::pin(start::<V4>(*self, ctx))
+        }
     }
+}
+
+async fn start<P: Proto>(
+    cfg: MqttSourceConfig,
+    ctx: SourceContext,
+) -> Result<Running, ConnectorError> {
+    let name = ctx.name.clone();
+    let err = |m: String| ConnectorError(format!("mqtt source {name}: {m}"));
+    let client_id = cfg.client_id(&name);
+    let opts = P::options(&Settings {
+        url: &cfg.url,
+        client_id: &client_id,
+        keep_alive: cfg.keep_alive.get(),
+        clean: cfg.clean_session,
+        session_expiry: cfg
+            .session_expiry
+            .map(HumanDuration::get)
+            .unwrap_or(Duration::from_secs(u32::MAX as u64)),
+        auth: cfg.auth.as_ref(),
+        tls: cfg.tls.as_ref(),
+        manual_acks: true,
+    })
+    .map_err(err)?;
+    // Acknowledgements never wait for room: there are at most as many as messages not yet
+    // acknowledged, and the packet id space bounds those (65535).
+    let capacity = 65_535 + 64;
+    let (client, mut eventloop) = P::client(opts.clone(), capacity);
+    let filters: Vec<(String, u8)> = cfg.topics.iter().map(|t| (t.clone(), cfg.qos)).collect();
+    // Built means subscribed: connect and wait for the SUBACK (10 s at most).
+    let mut early = Vec::new();
+    let session_present = tokio::time::timeout(
+        Duration::from_secs(10),
+        connect::<P>(&client, &mut eventloop, &filters, true, &mut early),
+    )
+    .await
+    .map_err(|_| {
+        err(format!(
+            "no answer from {} within 10s; is the broker up?",
+            cfg.url
+        ))
+    })?
+    .map_err(err)?;
+    tracing::info!(source = %name, client_id = %client_id, session_present, topics = ?cfg.topics, protocol_version = P::VERSION, "mqtt: subscribed");
+    let source = MqttSource {
+        ty: cfg.event_type.clone().unwrap_or_else(|| "mqtt".into()),
+        source: cfg.event_source.clone().unwrap_or_else(|| name.clone()),
+        metadata: serde_json::to_vec(&cfg.metadata).unwrap_or_else(|_| b"{}".to_vec()),
+        telemetry: PullTelemetry::new(&name),
+        name,
+        cfg,
+    };
+    let link = Link::<P> {
+        opts,
+        capacity,
+        filters,
+    };
+    Ok(Box::pin(source.run::<P>(client, eventloop, link, early, ctx)) as Running)
 }
 
 /// Connects and subscribes; returns whether the broker had a session for this client, and the
 /// messages it sent meanwhile (a persistent session's backlog arrives right after CONNACK).
-async fn connect(
-    client: &AsyncClient,
-    eventloop: &mut EventLoop,
-    filters: &[SubscribeFilter],
+async fn connect<P: Proto>(
+    client: &P::Client,
+    eventloop: &mut P::EventLoop,
+    filters: &[(String, u8)],
     always_subscribe: bool,
-    early: &mut Vec<Publish>,
+    early: &mut Vec<P::Publish>,
 ) -> Result<bool, String> {
     let mut session_present = None;
     loop {
-        match eventloop.poll().await {
-            Ok(MqttEvent::Incoming(Packet::Publish(p))) => early.push(p),
-            Ok(MqttEvent::Incoming(Packet::ConnAck(ack))) => {
-                session_present = Some(ack.session_present);
-                if ack.session_present && !always_subscribe {
+        match P::poll(eventloop).await {
+            Ok(Polled::Publish(p)) => early.push(p),
+            Ok(Polled::ConnAck {
+                session_present: present,
+                refused,
+            }) => {
+                if let Some(why) = refused {
+                    return Err(why);
+                }
+                session_present = Some(present);
+                if present && !always_subscribe {
                     // The broker kept the subscriptions (subscribing again would resend
                     // retained messages).
                     return Ok(true);
                 }
-                client
-                    .subscribe_many(filters.to_vec())
+                P::subscribe(client, filters.to_vec())
                     .await
                     .map_err(|e| format!("subscribe: {e}"))?;
             }
-            Ok(MqttEvent::Incoming(Packet::SubAck(ack))) => {
-                if let Some((i, _)) = ack
-                    .return_codes
-                    .iter()
-                    .enumerate()
-                    .find(|(_, c)| matches!(c, SubscribeReasonCode::Failure))
-                {
+            Ok(Polled::SubAck { failed }) => {
+                if let Some(i) = failed {
                     return Err(format!(
                         "the broker refused the subscription to {:?}; check the ACL for this user",
-                        filters.get(i).map(|f| f.path.as_str()).unwrap_or("?")
+                        filters.get(i).map(|f| f.0.as_str()).unwrap_or("?")
                     ));
                 }
                 return Ok(session_present.unwrap_or(false));
             }
             Ok(_) => {}
-            Err(e) => return Err(format!("cannot connect ({e})")),
+            Err(PollError::Done) => return Err("cannot connect (the client stopped)".into()),
+            Err(PollError::Lost(e)) => return Err(format!("cannot connect ({e})")),
         }
     }
 }
 
-enum Arrival {
-    Publish(Publish, u64),
+enum Arrival<P: Proto> {
+    Publish(P::Publish, u64),
     /// A new connection (generation) with its own client: acknowledgements of older ones are
     /// not sent (their client is gone with its connection; the broker resends those messages).
-    Connected(u64, AsyncClient),
+    Connected(u64, P::Client),
 }
 
 /// What opening another connection needs.
-struct Link {
-    opts: rumqttc::MqttOptions,
+struct Link<P: Proto> {
+    opts: P::Options,
     capacity: usize,
-    filters: Vec<SubscribeFilter>,
+    filters: Vec<(String, u8)>,
 }
 
 /// A QoS 1 message between arrival and acknowledgement.
-struct Entry {
-    publish: Publish,
+struct Entry<P: Proto> {
+    publish: P::Publish,
     generation: u64,
     /// The id and time made up for its event, kept so that a retry rebuilds the same event from
     /// the message (`None`: the message carries its own, a structured CloudEvent).
@@ -288,7 +313,7 @@ impl MqttSource {
     /// CloudEvent with its own). A retry passes the ones made the first time.
     fn to_event(
         &self,
-        p: &Publish,
+        p: &View<'_>,
         again: Option<&Minted>,
     ) -> Result<(Event, Option<Minted>), EventError> {
         let minted = again.cloned().unwrap_or_else(|| Minted {
@@ -299,7 +324,7 @@ impl MqttSource {
         if self.cfg.format == Format::Argo {
             let mut data = Vec::with_capacity(p.payload.len() + 96);
             data.extend_from_slice(b"{\"topic\":");
-            serde_json::to_writer(&mut data, &p.topic).map_err(|e| EventError(e.to_string()))?;
+            serde_json::to_writer(&mut data, &*p.topic).map_err(|e| EventError(e.to_string()))?;
             data.extend_from_slice(format!(",\"messageId\":{},\"body\":", p.pkid).as_bytes());
             data.extend_from_slice(
                 &argo::body(&p.payload, self.cfg.json_body).map_err(EventError)?,
@@ -313,44 +338,50 @@ impl MqttSource {
                 .with_json(data);
             return Ok((e, Some(minted)));
         }
-        if format::looks_structured(&p.payload) {
-            return format::decode_event(&p.payload).map(|e| (e, None));
+        match binding::decode(p)? {
+            Some(e) => return Ok((e, None)),
+            None if p.content_type.is_none() && format::looks_structured(p.payload) => {
+                return format::decode_event(p.payload).map(|e| (e, None));
+            }
+            None => {}
         }
-        let ct = sluice_core::event::guess_content_type(&p.payload);
+        let ct = p
+            .content_type
+            .unwrap_or_else(|| sluice_core::event::guess_content_type(p.payload));
         let mut e = Event::new(id, &*self.source, &*self.ty)
-            .with_subject(p.topic.as_str())
+            .with_subject(&*p.topic)
             .with_time(time);
         if !p.payload.is_empty() {
             e = e.with_data(
                 Some(ct.into()),
-                Data::from_bytes(Bytes::clone(&p.payload), Some(ct)),
+                Data::from_bytes(Bytes::clone(p.payload), Some(ct)),
             );
         }
         e.validate()?;
         Ok((e, Some(minted)))
     }
 
-    async fn run(
+    async fn run<P: Proto>(
         self,
-        mut client: AsyncClient,
-        eventloop: EventLoop,
-        link: Link,
-        early: Vec<Publish>,
+        mut client: P::Client,
+        eventloop: P::EventLoop,
+        link: Link<P>,
+        early: Vec<P::Publish>,
         ctx: SourceContext,
     ) -> Result<(), ConnectorError> {
         // Unbounded, because the connection task must never wait on it (it also writes the
         // acknowledgements): QoS 1 messages are bounded by the packet id space and the broker's
         // in-flight limit, QoS 0 ones by `queued0` (past max_in_flight they are dropped).
-        let (tx, mut rx) = mpsc::unbounded_channel::<Arrival>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Arrival<P>>();
         let queued0 = Arc::new(AtomicUsize::new(0));
         for p in early {
-            if p.qos == QoS::AtMostOnce {
+            if P::view(&p).qos == 0 {
                 queued0.fetch_add(1, Ordering::Relaxed);
             }
             let _ = tx.send(Arrival::Publish(p, 0));
         }
         let filters = link.filters.clone();
-        let pump = tokio::spawn(pump(
+        let pump = tokio::spawn(pump::<P>(
             eventloop,
             link,
             tx,
@@ -362,7 +393,7 @@ impl MqttSource {
             InFlight::new(self.cfg.max_in_flight, Duration::from_secs(3600));
         // Room for the window and as many again settled behind an unsettled one.
         let mut marks = Watermark::new(self.cfg.max_in_flight * 2);
-        let mut entries: HashMap<u64, Entry> = HashMap::new();
+        let mut entries: HashMap<u64, Entry<P>> = HashMap::new();
         let mut retries: Vec<(Instant, u64)> = Vec::new();
         let mut next_seq = 0u64;
         let mut generation = 0u64;
@@ -374,7 +405,7 @@ impl MqttSource {
                 if self.cfg.clean_session {
                     // Nothing survives this session: stop the flow, then forward what came.
                     for f in &filters {
-                        let _ = client.try_unsubscribe(f.path.clone());
+                        P::try_unsubscribe(&client, f.0.clone());
                     }
                 }
             }
@@ -411,7 +442,7 @@ impl MqttSource {
                             }
                         }
                     }
-                    self.release(&client, &mut marks, &mut entries, generation).await;
+                    self.release::<P>(&client, &mut marks, &mut entries, generation).await;
                     self.telemetry.in_flight.set(window.len() as f64);
                 }
                 _ = tokio::time::sleep_until(retry_due.unwrap_or_else(Instant::now)), if retry_due.is_some() && window.room() > 0 => {
@@ -423,7 +454,7 @@ impl MqttSource {
                         let Some(e) = entries.get(&seq) else { continue };
                         // The same event again: rebuilt from the message with the id and time
                         // made the first time (it converted then, so it converts now).
-                        let Ok((event, _)) = self.to_event(&e.publish, e.minted.as_ref()) else { continue };
+                        let Ok((event, _)) = self.to_event(&P::view(&e.publish), e.minted.as_ref()) else { continue };
                         self.telemetry.redeliveries.increment(1);
                         let opts = SendOptions { skip_dedup: e.minted.is_some(), ..SendOptions::default() };
                         if let Ok(p) = ctx.sender.send_with(vec![event], opts).await {
@@ -440,14 +471,15 @@ impl MqttSource {
                             client = c;
                         }
                         Some(Arrival::Publish(p, g)) => {
-                            if p.qos == QoS::AtMostOnce {
+                            let (q, dup) = { let v = P::view(&p); (v.qos, v.dup) };
+                            if q == 0 {
                                 queued0.fetch_sub(1, Ordering::Relaxed);
                             }
-                            if p.dup {
+                            if dup {
                                 self.telemetry.redeliveries.increment(1);
                             }
-                            self.take(&ctx, p, g, &mut next_seq, &mut marks, &mut entries, &mut window).await;
-                            self.release(&client, &mut marks, &mut entries, generation).await;
+                            self.take::<P>(&ctx, p, g, &mut next_seq, &mut marks, &mut entries, &mut window).await;
+                            self.release::<P>(&client, &mut marks, &mut entries, generation).await;
                         }
                         None => return Err(ConnectorError(format!("mqtt source {}: the connection task ended", self.name))),
                     }
@@ -455,11 +487,11 @@ impl MqttSource {
                 _ = ctx.shutdown.cancelled(), if !stopping => {}
             }
         }
-        self.release(&client, &mut marks, &mut entries, generation)
+        self.release::<P>(&client, &mut marks, &mut entries, generation)
             .await;
         // The acknowledgements go out before the DISCONNECT (requests are sent in order); the
         // connection task must not wait on a full channel meanwhile.
-        let _ = client.disconnect().await;
+        P::disconnect(&client).await;
         let drain = async { while rx.recv().await.is_some() {} };
         let _ =
             tokio::time::timeout(Duration::from_secs(5), async { tokio::join!(pump, drain) }).await;
@@ -468,18 +500,20 @@ impl MqttSource {
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn take(
+    async fn take<P: Proto>(
         &self,
         ctx: &SourceContext,
-        p: Publish,
+        p: P::Publish,
         generation: u64,
         next_seq: &mut u64,
         marks: &mut Watermark,
-        entries: &mut HashMap<u64, Entry>,
+        entries: &mut HashMap<u64, Entry<P>>,
         window: &mut InFlight<u64>,
     ) {
-        let converted = self.to_event(&p, None);
-        if p.qos == QoS::AtMostOnce {
+        let view = P::view(&p);
+        let converted = self.to_event(&view, None);
+        let topic = view.topic.into_owned();
+        if view.qos == 0 {
             match converted {
                 Ok((event, minted)) => {
                     let _ = ctx
@@ -494,7 +528,7 @@ impl MqttSource {
                         .await;
                 }
                 Err(e) => {
-                    tracing::warn!(source = %self.name, topic = %p.topic, error = %e, "mqtt: not a valid CloudEvent; dropped");
+                    tracing::warn!(source = %self.name, topic = %topic, error = %e, "mqtt: not a valid CloudEvent; dropped");
                     ctx.sender.telemetry().rejected("invalid_event", 1);
                 }
             }
@@ -524,7 +558,7 @@ impl MqttSource {
                 }
             }
             Err(e) => {
-                tracing::warn!(source = %self.name, topic = %p.topic, error = %e, "mqtt: not a valid CloudEvent; acknowledged without delivery (MQTT has no dead-letter)");
+                tracing::warn!(source = %self.name, topic = %topic, error = %e, "mqtt: not a valid CloudEvent; acknowledged without delivery (MQTT has no dead-letter)");
                 ctx.sender.telemetry().rejected("invalid_event", 1);
                 self.telemetry.settled(Settled::Reject, 1);
                 entries.insert(
@@ -542,11 +576,11 @@ impl MqttSource {
     }
 
     /// Acknowledges, in arrival order, every message up to the first unsettled one.
-    async fn release(
+    async fn release<P: Proto>(
         &self,
-        client: &AsyncClient,
+        client: &P::Client,
         marks: &mut Watermark,
-        entries: &mut HashMap<u64, Entry>,
+        entries: &mut HashMap<u64, Entry<P>>,
         generation: u64,
     ) {
         let mut released = Vec::new();
@@ -558,7 +592,7 @@ impl MqttSource {
             if e.generation != generation {
                 continue; // its connection is gone; the broker resends it
             }
-            if let Err(err) = client.ack(&e.publish).await {
+            if let Err(err) = P::ack(client, &e.publish).await {
                 tracing::warn!(source = %self.name, error = %err, "mqtt: acknowledgement not sent; the broker resends the message");
             } else {
                 self.telemetry.commits.increment(1);
@@ -570,10 +604,10 @@ impl MqttSource {
 /// Drives the connection: forwards messages; when it drops, opens a new one with a fresh client
 /// (so that no acknowledgement queued for the old connection reaches the new one) after a
 /// backoff, and subscribes again when the broker kept no session.
-async fn pump(
-    mut eventloop: EventLoop,
-    link: Link,
-    tx: mpsc::UnboundedSender<Arrival>,
+async fn pump<P: Proto>(
+    mut eventloop: P::EventLoop,
+    link: Link<P>,
+    tx: mpsc::UnboundedSender<Arrival<P>>,
     queued0: Arc<AtomicUsize>,
     limit0: usize,
     name: String,
@@ -586,14 +620,14 @@ async fn pump(
         // Forward until the connection fails.
         loop {
             let polled = tokio::select! {
-                r = eventloop.poll() => r,
+                r = P::poll(&mut eventloop) => r,
                 // The source is gone (stopped or aborted): drop the connection.
                 _ = tx.closed() => return,
             };
             match polled {
-                Ok(MqttEvent::Incoming(Packet::Publish(p))) => {
+                Ok(Polled::Publish(p)) => {
                     attempts = 0;
-                    if p.qos == QoS::AtMostOnce {
+                    if P::view(&p).qos == 0 {
                         if queued0.load(Ordering::Relaxed) >= limit0 {
                             dropped.increment(1);
                             continue;
@@ -604,10 +638,10 @@ async fn pump(
                         return;
                     }
                 }
-                Ok(MqttEvent::Outgoing(rumqttc::Outgoing::Disconnect)) => return,
+                Ok(Polled::Disconnected) => return,
                 Ok(_) => {}
-                Err(rumqttc::ConnectionError::RequestsDone) => return,
-                Err(e) => {
+                Err(PollError::Done) => return,
+                Err(PollError::Lost(e)) => {
                     tracing::warn!(source = %name, error = %e, "mqtt: connection lost; reconnecting");
                     break;
                 }
@@ -620,11 +654,11 @@ async fn pump(
                 _ = tx.closed() => return,
             }
             attempts += 1;
-            let (client, mut el) = AsyncClient::new(link.opts.clone(), link.capacity);
+            let (client, mut el) = P::client(link.opts.clone(), link.capacity);
             let mut early = Vec::new();
             let connected = tokio::time::timeout(
                 Duration::from_secs(10),
-                connect(&client, &mut el, &link.filters, false, &mut early),
+                connect::<P>(&client, &mut el, &link.filters, false, &mut early),
             )
             .await;
             match connected {
@@ -635,7 +669,7 @@ async fn pump(
                         return;
                     }
                     for p in early {
-                        if p.qos == QoS::AtMostOnce {
+                        if P::view(&p).qos == 0 {
                             queued0.fetch_add(1, Ordering::Relaxed);
                         }
                         if tx.send(Arrival::Publish(p, generation)).is_err() {
