@@ -103,11 +103,23 @@ fn body(e: &Event) -> String {
 
 #[tokio::test]
 async fn acknowledgements_follow_arrival_order_and_a_restart_gets_what_was_not_acknowledged() {
+    order_and_restart(4).await;
+}
+
+#[tokio::test]
+async fn mqtt5_acknowledgements_follow_arrival_order_and_the_session_outlives_a_restart() {
+    order_and_restart(5).await;
+}
+
+/// PUBACK order = arrival order; a crash leaves the unacknowledged ones to the broker, which
+/// resends them to the next instance (MQTT 5: only because the session is asked to outlive the
+/// disconnect, `session_expiry`).
+async fn order_and_restart(v: u8) {
     let topic = unique("devices");
     let client_id = unique("sluice");
-    let cfg = json!({"url": URL, "topics": [format!("{topic}/+/telemetry")], "qos": 1, "client_id": client_id});
+    let cfg = json!({"url": URL, "topics": [format!("{topic}/+/telemetry")], "qos": 1, "client_id": client_id, "protocol_version": v});
     let mut p = peer(1883).await;
-    let (mut rig, task) = start_source("mqtt-order", cfg.clone()).await;
+    let (mut rig, task) = start_source(&format!("mqtt{v}-order"), cfg.clone()).await;
     let mut cap = rig.capture();
     for i in 0..3 {
         p.publish(&format!("{topic}/d{i}/telemetry"), format!("m{i}"))
@@ -135,7 +147,7 @@ async fn acknowledgements_follow_arrival_order_and_a_restart_gets_what_was_not_a
     let _ = task.await;
     drop(m0);
     // Same client id, persistent session: the broker resends all three.
-    let (mut rig2, task2) = start_source("mqtt-order-2", cfg.clone()).await;
+    let (mut rig2, task2) = start_source(&format!("mqtt{v}-order-2"), cfg.clone()).await;
     let got = rig2.capture().auto(Status::Delivered);
     let events = got.wait_for(3).await;
     let bodies: BTreeSet<String> = events.iter().map(body).collect();
@@ -144,7 +156,7 @@ async fn acknowledgements_follow_arrival_order_and_a_restart_gets_what_was_not_a
     rig2.shutdown.cancel();
     task2.await.unwrap().unwrap();
     // All acknowledged now: a third start gets nothing again, but new messages.
-    let (mut rig3, _task3) = start_source("mqtt-order-3", cfg).await;
+    let (mut rig3, _task3) = start_source(&format!("mqtt{v}-order-3"), cfg).await;
     let got3 = rig3.capture().auto(Status::Delivered);
     p.publish(&format!("{topic}/d9/telemetry"), "m9").await;
     let events = got3.wait_for(1).await;
@@ -154,7 +166,7 @@ async fn acknowledgements_follow_arrival_order_and_a_restart_gets_what_was_not_a
         ["m9"],
         "{events:?}"
     );
-    assert_source_telemetry("mqtt-order-3", 1);
+    assert_source_telemetry(&format!("mqtt{v}-order-3"), 1);
 }
 
 #[tokio::test]
@@ -178,6 +190,15 @@ async fn failed_deliveries_are_retried_and_hold_back_later_acknowledgements() {
 
 #[tokio::test]
 async fn a_dropped_connection_and_a_broker_restart_lose_nothing() {
+    drop_and_restart(4).await;
+}
+
+#[tokio::test]
+async fn mqtt5_a_dropped_connection_and_a_broker_restart_lose_nothing() {
+    drop_and_restart(5).await;
+}
+
+async fn drop_and_restart(v: u8) {
     let dir = tempfile::tempdir().unwrap();
     let mut broker = spawn_mosquitto(dir.path(), None);
     let port = broker.port;
@@ -185,8 +206,8 @@ async fn a_dropped_connection_and_a_broker_restart_lose_nothing() {
     relay.point_at(Some(port));
     let topic = "t/drop";
     let (mut rig, _task) = start_source(
-        "mqtt-outage",
-        json!({"url": format!("mqtt://127.0.0.1:{}", relay.port), "topics": [topic], "client_id": "sluice-outage", "keep_alive": "5s"}),
+        &format!("mqtt{v}-outage"),
+        json!({"url": format!("mqtt://127.0.0.1:{}", relay.port), "topics": [topic], "client_id": "sluice-outage", "keep_alive": "5s", "protocol_version": v}),
     )
     .await;
     let got = rig.capture().auto(Status::Delivered);
@@ -443,14 +464,23 @@ async fn tls_with_client_certificates_both_ways() {
 
 #[tokio::test]
 async fn passes_the_pull_source_compliance_check() {
+    compliance(4).await;
+}
+
+#[tokio::test]
+async fn mqtt5_passes_the_pull_source_compliance_check() {
+    compliance(5).await;
+}
+
+async fn compliance(v: u8) {
     let topic = unique("compliance");
     let peer = std::sync::Arc::new(tokio::sync::Mutex::new(peer(1883).await));
     let (t, p) = (topic.clone(), peer.clone());
     let mut next = 0usize;
     sluice_core::testkit::pull_source_compliance::<MqttSourceConfig>(
-        "mqtt-compliance",
-        json!({"url": URL, "topics": [topic], "client_id": unique("compliance")}),
-        json!({"url": URL, "topics": [topic], "qos": 2}),
+        &format!("mqtt{v}-compliance"),
+        json!({"url": URL, "topics": [topic], "client_id": unique("compliance"), "protocol_version": v}),
+        json!({"url": URL, "topics": [topic], "qos": 2, "protocol_version": v}),
         move |k| {
             let (t, p, from) = (t.clone(), p.clone(), next);
             next += k;
@@ -463,4 +493,129 @@ async fn passes_the_pull_source_compliance_check() {
         },
     )
     .await;
+}
+
+/// MQTT 5 binary mode both ways: the sink writes the attributes as user properties and the
+/// content type as the Content Type property; the source reads the same event back (and a
+/// structured one too), and keeps user properties that are not attributes out of the event.
+#[tokio::test]
+async fn mqtt5_binary_cloudevents_cross_intact() {
+    let topic = unique("ce5");
+    let (mut rig, _task) = start_source(
+        "mqtt5-ce",
+        json!({"url": URL, "topics": [format!("{topic}/#")], "client_id": unique("c"), "protocol_version": 5}),
+    )
+    .await;
+    let mut cap = rig.capture();
+    let binary = start_sink(
+        "mqtt5-sink-binary",
+        json!({"url": URL, "topic": format!("{topic}/b/{{type}}"), "protocol_version": 5, "payload": "binary"}),
+    )
+    .await;
+    let structured = start_sink(
+        "mqtt5-sink-structured",
+        json!({"url": URL, "topic": format!("{topic}/s"), "protocol_version": 5}),
+    )
+    .await;
+    let mut e = Event::new("b-1", "/devices", "telemetry").with_json(&b"{\"t\":21.5}"[..]);
+    e.subject = Some("d7".into());
+    e.set_extension(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    );
+    let o = binary.send(vec![e.clone()]).await;
+    assert_eq!(o.status, Status::Delivered, "{o:?}");
+    let got = cap.next_within(Duration::from_secs(10)).await;
+    assert_eq!(got.event, e, "binary mode: the same event");
+    got.delivery.delivered();
+    let s = Event::new("s-1", "/devices", "telemetry").with_json(&b"[1]"[..]);
+    let o = structured.send(vec![s.clone()]).await;
+    assert_eq!(o.status, Status::Delivered, "{o:?}");
+    let got = cap.next_within(Duration::from_secs(10)).await;
+    assert_eq!(got.event, s, "structured mode: the same event");
+    got.delivery.delivered();
+    assert_sink_telemetry("mqtt5-sink-binary", 1, 0);
+
+    // On the wire, seen by a plain MQTT 5 client.
+    let mut o = rumqttc::v5::MqttOptions::new(unique("peer5"), "127.0.0.1", 1883);
+    o.set_keep_alive(Duration::from_secs(10));
+    let (client, mut el) = rumqttc::v5::AsyncClient::new(o, 100);
+    client
+        .subscribe(
+            format!("{topic}/b/#"),
+            rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+        )
+        .await
+        .unwrap();
+    let wire = tokio::spawn(async move {
+        loop {
+            if let Ok(rumqttc::v5::Event::Incoming(rumqttc::v5::mqttbytes::v5::Packet::Publish(
+                p,
+            ))) = el.poll().await
+            {
+                return p;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let o = binary
+        .send(vec![
+            Event::new("b-2", "/devices", "telemetry").with_json(&b"{}"[..])
+        ])
+        .await;
+    assert_eq!(o.status, Status::Delivered);
+    let p = tokio::time::timeout(Duration::from_secs(10), wire)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&p.topic),
+        format!("{topic}/b/telemetry")
+    );
+    let props = p.properties.expect("MQTT 5 properties");
+    assert_eq!(props.content_type.as_deref(), Some("application/json"));
+    assert!(props
+        .user_properties
+        .contains(&("id".to_owned(), "b-2".to_owned())));
+    assert!(props
+        .user_properties
+        .contains(&("specversion".to_owned(), "1.0".to_owned())));
+    let again = cap.next_within(Duration::from_secs(10)).await;
+    assert_eq!(again.event.id, "b-2");
+    again.delivery.delivered();
+
+    // User properties of the application's own stay out of the event.
+    let mut o = rumqttc::v5::MqttOptions::new(unique("pub5"), "127.0.0.1", 1883);
+    o.set_keep_alive(Duration::from_secs(10));
+    let (client, mut el) = rumqttc::v5::AsyncClient::new(o, 100);
+    tokio::spawn(async move { while el.poll().await.is_ok() {} });
+    let props = rumqttc::v5::mqttbytes::v5::PublishProperties {
+        content_type: Some("application/json".into()),
+        user_properties: vec![
+            ("specversion".into(), "1.0".into()),
+            ("id".into(), "b-3".into()),
+            ("source".into(), "/x".into()),
+            ("type".into(), "t".into()),
+            ("X-Tenant".into(), "acme".into()),
+        ],
+        ..Default::default()
+    };
+    client
+        .publish_with_properties(
+            format!("{topic}/p"),
+            rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+            false,
+            "{\"k\":1}",
+            props,
+        )
+        .await
+        .unwrap();
+    let got = cap.next_within(Duration::from_secs(10)).await;
+    assert_eq!(got.event.id, "b-3");
+    assert!(
+        got.event.extensions.is_empty(),
+        "{:?}",
+        got.event.extensions
+    );
+    got.delivery.delivered();
 }
