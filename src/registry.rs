@@ -277,12 +277,12 @@ pub fn kinds() -> Vec<Kind> {
         #[cfg(feature = "mqtt")]
         source::<sluice_mqtt::MqttSourceConfig>(
             "mqtt",
-            "MQTT 3.1.1 subscriptions: QoS 1 acknowledged after delivery in arrival order, persistent sessions, structured CloudEvents",
+            "MQTT 3.1.1 and 5 subscriptions: QoS 1 acknowledged after delivery in arrival order, persistent sessions, structured and MQTT 5 binary CloudEvents",
         ),
         #[cfg(feature = "mqtt")]
         sink::<sluice_mqtt::MqttSinkConfig>(
             "mqtt",
-            "MQTT 3.1.1 publish: QoS 1 delivered on PUBACK, QoS 2 on PUBCOMP, structured CloudEvents, topic templates",
+            "MQTT 3.1.1 and 5 publish: QoS 1 delivered on PUBACK, QoS 2 on PUBCOMP, MQTT 5 reason codes, structured or binary CloudEvents, topic templates",
         ),
         #[cfg(feature = "redis")]
         source::<sluice_redis::StreamsSourceConfig>(
