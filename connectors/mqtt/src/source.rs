@@ -327,7 +327,7 @@ impl MqttSource {
             serde_json::to_writer(&mut data, &*p.topic).map_err(|e| EventError(e.to_string()))?;
             data.extend_from_slice(format!(",\"messageId\":{},\"body\":", p.pkid).as_bytes());
             data.extend_from_slice(
-                &argo::body(&p.payload, self.cfg.json_body).map_err(EventError)?,
+                &argo::body(p.payload, self.cfg.json_body).map_err(EventError)?,
             );
             data.extend_from_slice(b",\"metadata\":");
             data.extend_from_slice(&self.metadata);
