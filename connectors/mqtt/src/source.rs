@@ -326,9 +326,7 @@ impl MqttSource {
             data.extend_from_slice(b"{\"topic\":");
             serde_json::to_writer(&mut data, &*p.topic).map_err(|e| EventError(e.to_string()))?;
             data.extend_from_slice(format!(",\"messageId\":{},\"body\":", p.pkid).as_bytes());
-            data.extend_from_slice(
-                &argo::body(p.payload, self.cfg.json_body).map_err(EventError)?,
-            );
+            data.extend_from_slice(&argo::body(p.payload, self.cfg.json_body).map_err(EventError)?);
             data.extend_from_slice(b",\"metadata\":");
             data.extend_from_slice(&self.metadata);
             data.push(b'}');
