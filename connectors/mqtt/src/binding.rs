@@ -33,12 +33,13 @@ pub(crate) fn decode(p: &View<'_>) -> Result<Option<Event>, EventError> {
     }
     // User properties that cannot be attribute names (`x-trace`, `Tenant`) belong to the
     // application, not to the event.
-    let mut pairs: Vec<(&str, &[u8])> = p
-        .user_properties
-        .iter()
-        .filter(|(k, _)| check_extension_name(k).is_ok() || is_core(k))
-        .map(|(k, v)| (k.as_str(), v.as_bytes()))
-        .collect();
+    // MQTT 5 allows a name twice: the first one counts.
+    let mut pairs: Vec<(&str, &[u8])> = Vec::with_capacity(p.user_properties.len() + 1);
+    for (k, v) in p.user_properties {
+        if (check_extension_name(k).is_ok() || is_core(k)) && !pairs.iter().any(|(n, _)| n == k) {
+            pairs.push((k.as_str(), v.as_bytes()));
+        }
+    }
     if let Some(ct) = p.content_type {
         pairs.push(("content-type", ct.as_bytes()));
     }
@@ -99,8 +100,11 @@ mod tests {
         assert!(props.user_properties.contains(&("id".into(), "1".into())));
         let back = decode(&view(&props, &payload)).unwrap().unwrap();
         assert_eq!(back, e);
-        // A property of the application's own is not an attribute.
+        // A property of the application's own is not an attribute; a repeated name counts once.
         props.user_properties.push(("x-tenant".into(), "a".into()));
+        props
+            .user_properties
+            .push(("traceparent".into(), "00-y".into()));
         let back = decode(&view(&props, &payload)).unwrap().unwrap();
         assert_eq!(back, e);
 

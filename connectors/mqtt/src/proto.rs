@@ -307,7 +307,8 @@ impl Proto for V5 {
 
     async fn poll(el: &mut Self::EventLoop) -> Result<Polled<Self::Publish>, PollError> {
         use rumqttc::v5::mqttbytes::v5::{
-            ConnectReturnCode, Packet, PubAckReason, PubCompReason, SubscribeReasonCode,
+            ConnectReturnCode, Packet, PubAckReason, PubCompReason, PubRecReason,
+            SubscribeReasonCode,
         };
         use rumqttc::v5::Event;
         match el.poll().await {
@@ -340,6 +341,26 @@ impl Proto for V5 {
                     ),
                 }),
             }),
+            // QoS 2: a refusal comes in the PUBREC (rumqttc then ends the exchange there).
+            Ok(Event::Incoming(Packet::PubRec(a)))
+                if !matches!(
+                    a.reason,
+                    PubRecReason::Success | PubRecReason::NoMatchingSubscribers
+                ) =>
+            {
+                Ok(Polled::Acked {
+                    pkid: a.pkid,
+                    refused: Some(Refusal {
+                        why: format!("the broker refused it: {:?}", a.reason),
+                        permanent: matches!(
+                            a.reason,
+                            PubRecReason::NotAuthorized
+                                | PubRecReason::TopicNameInvalid
+                                | PubRecReason::PayloadFormatInvalid
+                        ),
+                    }),
+                })
+            }
             Ok(Event::Incoming(Packet::PubComp(a))) => Ok(Polled::Acked {
                 pkid: a.pkid,
                 refused: (a.reason != PubCompReason::Success).then(|| Refusal {

@@ -100,9 +100,18 @@ pub fn encode(e: &Event, mode: Mode) -> (Bytes, HashMap<String, String>) {
                     && std::str::from_utf8(v).is_ok()
             });
         if fits {
+            // `Content-Type` as the binding spells it (Pub/Sub attribute names are
+            // case-sensitive; readers here match it in any case).
             let attrs = headers
                 .into_iter()
-                .map(|(k, v)| (k, String::from_utf8(v).unwrap_or_default()))
+                .map(|(k, v)| {
+                    let k = if k == "content-type" {
+                        "Content-Type".to_owned()
+                    } else {
+                        k
+                    };
+                    (k, String::from_utf8(v).unwrap_or_default())
+                })
                 .collect();
             let data = match &e.data {
                 Data::None => Bytes::new(),
@@ -113,7 +122,7 @@ pub fn encode(e: &Event, mode: Mode) -> (Bytes, HashMap<String, String>) {
     }
     let mut attrs = HashMap::with_capacity(1);
     attrs.insert(
-        "content-type".to_owned(),
+        "Content-Type".to_owned(),
         format!("{}; charset=utf-8", format::STRUCTURED_CONTENT_TYPE),
     );
     (Bytes::from(format::encode_event(e)), attrs)
@@ -194,7 +203,7 @@ mod tests {
         let (data, attrs) = encode(&e, Mode::Binary);
         assert_eq!(attrs.get("ce-id").map(String::as_str), Some("1"));
         assert_eq!(
-            attrs.get("content-type").map(String::as_str),
+            attrs.get("Content-Type").map(String::as_str),
             Some("application/json")
         );
         let Decoded::Event(back) = decode(&attrs, &data).unwrap() else {

@@ -285,6 +285,7 @@ impl Decoder {
 /// What settling one message needs.
 struct Handle {
     ack_id: String,
+    message_id: String,
     attempt: u32,
     key: Option<String>,
 }
@@ -305,6 +306,10 @@ struct State {
     keys: HashMap<String, VecDeque<Waiting>>,
     /// Messages in `keys` queues.
     held: usize,
+    /// Ordering keys whose head was handed back: later messages of the key are handed back
+    /// too until the head comes again (its message id), or until the time given, and with
+    /// the head's delay in seconds.
+    blocked: HashMap<String, (String, Instant, i32)>,
     /// Data bytes of the messages in the window and in `keys`.
     bytes: u64,
     sizes: HashMap<String, u64>,
@@ -408,6 +413,7 @@ impl Engine {
             received: VecDeque::new(),
             keys: HashMap::new(),
             held: 0,
+            blocked: HashMap::new(),
             bytes: 0,
             sizes: HashMap::new(),
             acks: SettleBatch::new(SETTLE_BATCH, LINGER),
@@ -437,12 +443,15 @@ impl Engine {
                     self.release_key(&mut st, &k, 0, true);
                 }
             }
-            // Messages of the last response, into the pipeline while there is room.
+            // Messages of the last response, into the pipeline while there is room (and while
+            // it takes them: a full pipeline gives the loop back to the leases and settles).
             while !stopping && st.window.room() > st.held {
                 let Some(w) = st.received.pop_front() else {
                     break;
                 };
-                self.offer(&ctx, &mut st, w.msg).await;
+                if !self.offer(&ctx, &mut st, w.msg).await {
+                    break;
+                }
             }
             if stopping && st.window.is_empty() {
                 let rest = st.acks.take();
@@ -512,7 +521,9 @@ impl Engine {
                             let Some(message) = m.message else { continue };
                             let size = message.data.len() as u64;
                             st.bytes += size;
-                            st.sizes.insert(m.ack_id.clone(), size);
+                            if let Some(old) = st.sizes.insert(m.ack_id.clone(), size) {
+                                st.bytes -= old; // the same ack id twice: counted once
+                            }
                             st.received.push_back(Waiting {
                                 msg: Msg {
                                     ack_id: m.ack_id,
@@ -560,38 +571,59 @@ impl Engine {
         }
     }
 
-    /// A message from the stream: in the pipeline now, or queued behind its key.
-    async fn offer(&self, ctx: &SourceContext, st: &mut State, msg: Msg) {
+    /// A message from the stream: in the pipeline now, queued behind its key, or handed back
+    /// (its key is blocked). `false`: the pipeline was full.
+    async fn offer(&self, ctx: &SourceContext, st: &mut State, msg: Msg) -> bool {
         if msg.attempt.is_some_and(|n| n > 1) {
             self.telemetry.redeliveries.increment(1);
         }
         let key = (!msg.message.ordering_key.is_empty()).then(|| msg.message.ordering_key.clone());
         if let Some(k) = &key {
+            if let Some((head, until, secs)) = st.blocked.get(k).cloned() {
+                if head == msg.message.message_id || Instant::now() >= until {
+                    st.blocked.remove(k);
+                } else {
+                    // Behind a head that was handed back: back too, so the key keeps its order.
+                    self.hand_back(st, msg.ack_id, secs);
+                    return true;
+                }
+            }
             if let Some(q) = st.keys.get_mut(k) {
                 q.push_back(Waiting {
                     msg,
                     lease_until: Instant::now() + self.ack_deadline,
                 });
                 st.held += 1;
-                return;
+                return true;
             }
             st.keys.insert(k.clone(), VecDeque::new());
         }
-        self.start(ctx, st, msg, key).await;
+        self.start(ctx, st, msg, key).await
     }
 
-    /// Sends a message's event. A full pipeline holds the loop for at most a quarter of the
-    /// ack deadline (leases are extended meanwhile by the next tick).
-    async fn start(&self, ctx: &SourceContext, st: &mut State, msg: Msg, key: Option<String>) {
+    /// Sends a message's event. A full pipeline holds the loop for an eighth of the ack
+    /// deadline at most (2 s at most), then the message is handed back. `false`: it was.
+    async fn start(
+        &self,
+        ctx: &SourceContext,
+        st: &mut State,
+        msg: Msg,
+        key: Option<String>,
+    ) -> bool {
         let handle = Handle {
             ack_id: msg.ack_id.clone(),
+            message_id: msg.message.message_id.clone(),
             attempt: msg.attempt.unwrap_or(1),
             key,
         };
         match self.decoder.event(&msg) {
             Ok(event) => {
                 let opts = SendOptions {
-                    timeout: Some((self.ack_deadline / 4).max(Duration::from_millis(100))),
+                    timeout: Some(
+                        (self.ack_deadline / 8)
+                            .min(Duration::from_secs(2))
+                            .max(Duration::from_millis(100)),
+                    ),
                     deadline: Some(Instant::now() + self.max_extension),
                     ..SendOptions::default()
                 };
@@ -599,10 +631,12 @@ impl Engine {
                     Ok(pending) => {
                         st.window.push(handle, pending);
                         self.telemetry.in_flight.set(st.window.len() as f64);
+                        true
                     }
                     Err(_) => {
                         // The pipeline is full: Pub/Sub hands it out again in a second.
                         self.unsettled(st, handle, 1);
+                        false
                     }
                 }
             }
@@ -610,6 +644,7 @@ impl Engine {
                 tracing::warn!(source = %self.name, message = %msg.message.message_id, error = %e, "pubsub: not a valid event");
                 ctx.sender.telemetry().rejected("invalid_event", 1);
                 self.reject(st, handle);
+                true
             }
         }
     }
@@ -661,8 +696,27 @@ impl Engine {
             st.calls.push(self.modack(b, false));
         }
         if let Some(k) = h.key {
-            self.release_key(st, &k, secs, false);
+            self.block(st, k, h.message_id, secs);
         }
+    }
+
+    /// The head of `key` was handed back for `secs`: what waits behind it here, and what of the
+    /// key arrives before the head comes again, is handed back too.
+    fn block(&self, st: &mut State, key: String, head: String, secs: i32) {
+        self.release_key(st, &key, secs.max(1), false);
+        let (mut behind, keep): (VecDeque<Waiting>, VecDeque<Waiting>) =
+            std::mem::take(&mut st.received)
+                .into_iter()
+                .partition(|w| w.msg.message.ordering_key == key);
+        st.received = keep;
+        // At least a second: a follower nacked at once would come back in a hot loop while
+        // its head is away.
+        let secs = secs.max(1);
+        for w in behind.drain(..) {
+            self.hand_back(st, w.msg.ack_id, secs);
+        }
+        let until = Instant::now() + Duration::from_secs(secs as u64) + self.ack_deadline;
+        st.blocked.insert(key, (head, until, secs));
     }
 
     fn reject(&self, st: &mut State, h: Handle) {
@@ -679,7 +733,7 @@ impl Engine {
             st.calls.push(self.modack(b, false));
         }
         if let Some(k) = h.key {
-            self.release_key(st, &k, secs.min(backoff_secs(h.attempt)), false);
+            self.block(st, k, h.message_id, secs);
         }
     }
 
@@ -707,6 +761,8 @@ impl Engine {
     /// Extends the deadline of every message whose lease ends within three quarters of the
     /// deadline (the tick comes every quarter), in the pipeline or waiting behind its key.
     fn extend(&self, st: &mut State) {
+        let now = Instant::now();
+        st.blocked.retain(|_, (_, until, _)| *until > now);
         let secs = self.ack_deadline.as_secs() as i32;
         let margin = self.ack_deadline * 3 / 4;
         let mut due = Vec::new();

@@ -365,10 +365,10 @@ async fn cloudevents_cross_both_ways_intact() {
             assert_eq!(a["ce-id"], "ev-1");
             assert_eq!(a["ce-specversion"], "1.0");
             assert_eq!(a["ce-subject"], "o/1");
-            assert_eq!(a["content-type"], "application/json");
+            assert_eq!(a["Content-Type"], "application/json");
             assert_eq!(&m.message.data[..], b"{\"n\":1}");
         } else {
-            assert!(a["content-type"].starts_with("application/cloudevents+json"));
+            assert!(a["Content-Type"].starts_with("application/cloudevents+json"));
             let v: serde_json::Value = serde_json::from_slice(&m.message.data).unwrap();
             assert_eq!(v["id"], "ev-2");
         }
@@ -539,4 +539,39 @@ async fn the_sink_sets_ordering_keys_from_a_template() {
         }
     }
     assert_eq!(got, ["o0", "o1", "o2"], "published in order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_head_holds_back_its_key_also_what_is_not_taken_yet() {
+    let emu = emulator().await;
+    let topic = emu.topic().await;
+    let sub = emu.subscription(&topic, true).await;
+    emu.publish(
+        &topic,
+        (1..=4).map(|i| keyed("x", &format!("x{i}"))).collect(),
+    )
+    .await;
+    // A window of 2: x1 in the pipeline, x2 waiting behind it, x3 and x4 not taken yet.
+    let mut cfg = emu.source_cfg(&sub);
+    cfg["max_outstanding_messages"] = json!(2);
+    let (mut rig, task) = testkit::start_source::<PubSubSourceConfig>("ps-block", cfg).await;
+    let mut cap = rig.capture();
+    let first = cap.next_within(Duration::from_secs(20)).await;
+    assert_eq!(text(&first.event), "x1");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(cap.try_next().is_none(), "x2 waits behind x1");
+    first.delivery.failed("once");
+    let mut order = Vec::new();
+    while order.len() < 4 {
+        let item = cap.next_within(Duration::from_secs(30)).await;
+        order.push(text(&item.event));
+        item.delivery.delivered();
+    }
+    assert_eq!(
+        order,
+        ["x1", "x2", "x3", "x4"],
+        "nothing of the key overtook its failed head"
+    );
+    rig.shutdown.cancel();
+    task.await.unwrap().unwrap();
 }
