@@ -935,6 +935,77 @@ async fn stream_ids(url: &str, stream: &str) -> (std::collections::BTreeSet<Stri
     (ids, info.state.messages)
 }
 
+/// Runs the relay `body` (into the JetStream stream `stream` at `url`, whose messages carry
+/// `ce-id`), kills it with SIGKILL once a fifth of the `n` messages are in the stream, starts a
+/// second one, and waits (at most `bound_s` seconds) until every message is in the stream, each
+/// once; then stops it and checks its drain wrote nothing twice. Returns the ids.
+async fn relay_survives_kill_9(
+    dir: &Path,
+    body: &str,
+    url: &str,
+    stream: &str,
+    n: usize,
+    bound_s: u64,
+) -> std::collections::BTreeSet<String> {
+    let mut d = Daemon::start_with(dir, body);
+    d.wait_ready().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+    loop {
+        let got = match js.get_stream(stream).await {
+            Ok(mut s) => s.info().await.unwrap().state.messages,
+            Err(_) => 0,
+        };
+        if got >= (n / 5) as u64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the relay did not start: {got} messages; log:\n{}",
+            d.stderr_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = d.child.kill(); // SIGKILL: no drain, no last commit or ack
+    let _ = d.child.wait();
+    let (at_kill, _) = stream_ids(url, stream).await;
+    assert!(
+        at_kill.len() < n * 3 / 4,
+        "the kill came too late to test anything: {} of {n}",
+        at_kill.len()
+    );
+
+    let dir2 = tempfile::tempdir().unwrap();
+    let mut d2 = Daemon::start_with(dir2.path(), body);
+    d2.wait_ready().await;
+    let deadline = Instant::now() + Duration::from_secs(bound_s);
+    let ids = loop {
+        let (ids, count) = stream_ids(url, stream).await;
+        if ids.len() == n {
+            assert_eq!(count, n as u64, "each message once in the stream");
+            break ids;
+        }
+        if Instant::now() >= deadline {
+            let m = get(d2.admin, "/metrics")
+                .await
+                .map(|r| String::from_utf8_lossy(&r.1).into_owned())
+                .unwrap_or_default();
+            let m: Vec<&str> = m.lines().filter(|l| l.starts_with("sluice_")).collect();
+            panic!(
+                "{} of {n} messages in the stream after the restart; metrics:\n{}\nlog:\n{}",
+                ids.len(),
+                m.join("\n"),
+                d2.stderr_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(d2.stop().success());
+    let (_, count) = stream_ids(url, stream).await;
+    assert_eq!(count, n as u64, "nothing written twice by the drain");
+    ids
+}
+
 /// Kafka → JetStream relay through the binary, with `kill -9` of Sluice in the middle: after a
 /// second Sluice takes over the group, every record is in the stream, each once (offsets were
 /// committed only after the PubAck; what is sent again is dropped by `Nats-Msg-Id`).
@@ -975,62 +1046,8 @@ async fn kafka_to_jetstream_relay_survives_kill_9() {
     let body = format!(
         "sources:\n  orders:\n    kind: kafka\n    brokers: {bootstrap}\n    topics: [relay]\n    group: relay\n    max_in_flight: 64\n    commit_interval: 100ms\n    properties: {{ session.timeout.ms: 3000, heartbeat.interval.ms: 500 }}\nsinks:\n  bus:\n    kind: nats\n    url: {url}\n    subject: relay.events\n    max_in_flight: 64\n    jetstream: {{ stream: RELAY, create: {{ subjects: [\"relay.>\"], duplicate_window: 10m }} }}\nroutes:\n  - {{ from: [orders], to: [bus] }}\n"
     );
-    let mut d = Daemon::start_with(dir.path(), &body);
-    d.wait_ready().await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
-    loop {
-        let n = match js.get_stream("RELAY").await {
-            Ok(mut s) => s.info().await.unwrap().state.messages,
-            Err(_) => 0,
-        };
-        if n >= (N / 5) as u64 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the relay did not start: {n} messages"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = d.child.kill(); // SIGKILL: no drain, no final commit
-    let _ = d.child.wait();
-    let (at_kill, _) = stream_ids(&url, "RELAY").await;
-    assert!(
-        at_kill.len() < N * 3 / 4,
-        "the kill came too late to test anything: {} of {N}",
-        at_kill.len()
-    );
-
-    let dir2 = tempfile::tempdir().unwrap();
-    let mut d2 = Daemon::start_with(dir2.path(), &body);
-    d2.wait_ready().await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let ids = loop {
-        let (ids, n) = stream_ids(&url, "RELAY").await;
-        if ids.len() == N {
-            assert_eq!(n, N as u64, "each record once in the stream");
-            break ids;
-        }
-        if Instant::now() >= deadline {
-            let m = get(d2.admin, "/metrics")
-                .await
-                .map(|r| String::from_utf8_lossy(&r.1).into_owned())
-                .unwrap_or_default();
-            let m: Vec<&str> = m.lines().filter(|l| l.starts_with("sluice_")).collect();
-            panic!(
-                "{} of {N} records in the stream after the restart; metrics:\n{}\nlog:\n{}",
-                ids.len(),
-                m.join("\n"),
-                d2.stderr_tail()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let ids = relay_survives_kill_9(dir.path(), &body, &url, "RELAY", N, 60).await;
     assert!(ids.contains("relay-0-0") && ids.contains("relay-1-0"));
-    assert!(d2.stop().success());
-    let (_, n) = stream_ids(&url, "RELAY").await;
-    assert_eq!(n, N as u64, "nothing written twice by the drain");
 }
 
 /// GCP Pub/Sub → JetStream relay through the binary, against the Pub/Sub emulator, with
@@ -1088,60 +1105,11 @@ async fn gcp_pubsub_to_jetstream_relay_survives_kill_9() {
     let body = format!(
         "sources:\n  gcp:\n    kind: pubsub\n    project: relay\n    endpoint: {host}\n    subscription: {sub}\n    ack_deadline: 10s\n    max_outstanding_messages: 64\nsinks:\n  bus:\n    kind: nats\n    url: {url}\n    subject: relay.events\n    max_in_flight: 64\n    jetstream: {{ stream: PSRELAY, create: {{ subjects: [\"relay.>\"], duplicate_window: 10m }} }}\nroutes:\n  - {{ from: [gcp], to: [bus] }}\n"
     );
-    let mut d = Daemon::start_with(dir.path(), &body);
-    d.wait_ready().await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
-    loop {
-        let n = match js.get_stream("PSRELAY").await {
-            Ok(mut s) => s.info().await.unwrap().state.messages,
-            Err(_) => 0,
-        };
-        if n >= (N / 5) as u64 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the relay did not start: {n} messages; log:\n{}",
-            d.stderr_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = d.child.kill(); // SIGKILL: no drain, no last acks
-    let _ = d.child.wait();
-    let (at_kill, _) = stream_ids(&url, "PSRELAY").await;
-    assert!(
-        at_kill.len() < N * 3 / 4,
-        "the kill came too late to test anything: {} of {N}",
-        at_kill.len()
-    );
-
-    let dir2 = tempfile::tempdir().unwrap();
-    let mut d2 = Daemon::start_with(dir2.path(), &body);
-    d2.wait_ready().await;
-    // A bound, not a wait: messages in flight at the kill come again after their 10 s
-    // deadline, and a cold emulator sometimes hands a redelivery to the killed process's
-    // stream first (another 10 s).
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let ids = loop {
-        let (ids, n) = stream_ids(&url, "PSRELAY").await;
-        if ids.len() == N {
-            assert_eq!(n, N as u64, "each message once in the stream");
-            break ids;
-        }
-        if Instant::now() >= deadline {
-            panic!(
-                "{} of {N} messages in the stream after the restart; log:\n{}",
-                ids.len(),
-                d2.stderr_tail()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    // A restart bound, not a wait: messages in flight at the kill come again after their 10 s
+    // deadline, and a cold emulator sometimes hands a redelivery to the killed process's stream
+    // first (another 10 s).
+    let ids = relay_survives_kill_9(dir.path(), &body, &url, "PSRELAY", N, 180).await;
     assert_eq!(ids, published, "the event ids are the Pub/Sub message ids");
-    assert!(d2.stop().success());
-    let (_, n) = stream_ids(&url, "PSRELAY").await;
-    assert_eq!(n, N as u64, "nothing written twice by the drain");
 }
 
 /// A Kafka source whose brokers vanished must not hold the process at SIGTERM: librdkafka's

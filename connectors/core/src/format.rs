@@ -20,6 +20,30 @@ use crate::event::{
 pub const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json";
 pub const BATCH_CONTENT_TYPE: &str = "application/cloudevents-batch+json";
 
+/// The structured-mode event in `payload` when `content_type` is a CloudEvents media type
+/// (`application/cloudevents…`, in any case): `None` when it is not one (binary mode or a plain
+/// message), an error for a format other than JSON (`+avro`, a batch) or an invalid event.
+/// Every binding with a content type (HTTP aside) goes by this rule.
+pub fn structured_by_content_type(
+    content_type: &str,
+    payload: &Bytes,
+) -> Option<Result<Event, EventError>> {
+    let ct = content_type.trim_start();
+    let is_ce = ct
+        .get(..23)
+        .is_some_and(|p| p.eq_ignore_ascii_case("application/cloudevents"));
+    if !is_ce {
+        return None;
+    }
+    let essence = ct.split(';').next().unwrap_or("").trim();
+    if !essence.eq_ignore_ascii_case(STRUCTURED_CONTENT_TYPE) {
+        return Some(Err(EventError(format!(
+            "structured format {essence:?} is not supported (only application/cloudevents+json)"
+        ))));
+    }
+    Some(decode_event(payload))
+}
+
 /// Whether a payload with no content type to go by is taken for a structured JSON CloudEvent: a
 /// JSON object with a `specversion` member in its first 4 KiB (it must then be a valid one). For
 /// bindings without headers (MQTT 3.1.1, Redis Pub/Sub).

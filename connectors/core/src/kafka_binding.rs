@@ -9,7 +9,7 @@
 use bytes::Bytes;
 
 use crate::event::{check_media_type, Data, Event, EventError, ExtValue, Timestamp, SPEC_VERSION};
-use crate::format::{self, STRUCTURED_CONTENT_TYPE};
+use crate::format;
 
 /// Decodes a Kafka record's headers and payload into an event. Header names are matched
 /// case-sensitively, as Kafka header keys are.
@@ -38,17 +38,10 @@ pub fn decode_prefixed(
         .map(|(_, v)| utf8("content-type", v))
         .transpose()?;
     if let Some(ct) = &content_type {
-        if ct
-            .to_ascii_lowercase()
-            .starts_with("application/cloudevents")
+        if let Some(structured) =
+            format::structured_by_content_type(ct, &payload.clone().unwrap_or_default())
         {
-            let essence = ct.split(';').next().unwrap_or("").trim();
-            if !essence.eq_ignore_ascii_case(STRUCTURED_CONTENT_TYPE) {
-                return Err(EventError(format!(
-                    "structured format {essence:?} is not supported"
-                )));
-            }
-            return format::decode_event(&payload.unwrap_or_default());
+            return structured;
         }
     }
     let mut event = Event::new(String::new(), String::new(), String::new());

@@ -14,18 +14,8 @@ use crate::proto::{Props, View};
 /// caller may still find a structured event in the payload).
 pub(crate) fn decode(p: &View<'_>) -> Result<Option<Event>, EventError> {
     if let Some(ct) = p.content_type {
-        if ct
-            .trim_start()
-            .to_ascii_lowercase()
-            .starts_with("application/cloudevents")
-        {
-            let essence = ct.split(';').next().unwrap_or("").trim();
-            if !essence.eq_ignore_ascii_case(format::STRUCTURED_CONTENT_TYPE) {
-                return Err(EventError(format!(
-                    "structured format {essence:?} is not supported (only application/cloudevents+json)"
-                )));
-            }
-            return format::decode_event(p.payload).map(Some);
+        if let Some(structured) = format::structured_by_content_type(ct, p.payload) {
+            return structured.map(Some);
         }
     }
     if !p.user_properties.iter().any(|(k, _)| k == "specversion") {

@@ -39,18 +39,8 @@ pub fn decode(headers: Option<&HeaderMap>, payload: &Bytes) -> Result<Decoded, E
         return Ok(Decoded::Plain);
     };
     if let Some(ct) = content_type(headers) {
-        if ct
-            .trim_start()
-            .to_ascii_lowercase()
-            .starts_with("application/cloudevents")
-        {
-            let essence = ct.split(';').next().unwrap_or("").trim();
-            if !essence.eq_ignore_ascii_case(format::STRUCTURED_CONTENT_TYPE) {
-                return Err(EventError(format!(
-                    "structured format {essence:?} is not supported (only application/cloudevents+json)"
-                )));
-            }
-            return format::decode_event(payload).map(|e| Decoded::Event(Box::new(e)));
+        if let Some(structured) = format::structured_by_content_type(ct, payload) {
+            return structured.map(|e| Decoded::Event(Box::new(e)));
         }
     }
     let binary = headers

@@ -38,18 +38,8 @@ pub fn content_type(attrs: &HashMap<String, String>) -> Option<&str> {
 /// content type must be a valid CloudEvent; anything else is [`Decoded::Plain`].
 pub fn decode(attrs: &HashMap<String, String>, data: &Bytes) -> Result<Decoded, EventError> {
     if let Some(ct) = content_type(attrs) {
-        if ct
-            .trim_start()
-            .to_ascii_lowercase()
-            .starts_with("application/cloudevents")
-        {
-            let essence = ct.split(';').next().unwrap_or("").trim();
-            if !essence.eq_ignore_ascii_case(format::STRUCTURED_CONTENT_TYPE) {
-                return Err(EventError(format!(
-                    "structured format {essence:?} is not supported (only application/cloudevents+json)"
-                )));
-            }
-            return format::decode_event(data).map(|e| Decoded::Event(Box::new(e)));
+        if let Some(structured) = format::structured_by_content_type(ct, data) {
+            return structured.map(|e| Decoded::Event(Box::new(e)));
         }
     }
     if !attrs
