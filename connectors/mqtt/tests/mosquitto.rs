@@ -619,3 +619,64 @@ async fn mqtt5_binary_cloudevents_cross_intact() {
     );
     got.delivery.delivered();
 }
+
+/// MQTT 5 reason codes: a broker that may not take a publish (mosquitto's ACL) says so in the
+/// PUBACK (QoS 1) or PUBREC (QoS 2); the sink rejects the event instead of counting it delivered,
+/// as an MQTT 3.1.1 sink must (3.1.1 has no negative acknowledgement).
+#[tokio::test]
+async fn mqtt5_a_refusing_broker_rejects_the_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777));
+    }
+    let program = if std::path::Path::new("/usr/sbin/mosquitto").exists() {
+        "/usr/sbin/mosquitto"
+    } else {
+        "mosquitto"
+    };
+    let broker = sluice_core::testkit::peers::spawn_server(program, dir.path(), move |p| {
+        let acl = d.join("acl");
+        // Anonymous clients may publish under open/ only.
+        std::fs::write(&acl, "topic readwrite open/#\n").unwrap();
+        let conf = d.join(format!("mosquitto-{p}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {p} 127.0.0.1\nallow_anonymous true\nacl_file {}\n",
+                acl.display()
+            ),
+        )
+        .unwrap();
+        vec!["-c".into(), conf.display().to_string()]
+    });
+    let url = format!("mqtt://127.0.0.1:{}", broker.port);
+    let e = Event::new("r-1", "/s", "t").with_json(&b"{}"[..]);
+    for qos in [1, 2] {
+        let allowed = start_sink(
+            &format!("mqtt5-acl-ok-{qos}"),
+            json!({"url": url, "topic": "open/x", "qos": qos, "protocol_version": 5}),
+        )
+        .await;
+        let out = allowed.send(vec![e.clone()]).await;
+        assert_eq!(out.status, Status::Delivered, "qos {qos}: {:?}", out.reason);
+        let denied = start_sink(
+            &format!("mqtt5-acl-denied-{qos}"),
+            json!({"url": url, "topic": "closed/x", "qos": qos, "protocol_version": 5, "timeout": "5s"}),
+        )
+        .await;
+        let out = denied.send(vec![e.clone()]).await;
+        assert_eq!(out.status, Status::Rejected, "qos {qos}: {:?}", out.reason);
+        assert!(
+            out.reason
+                .as_deref()
+                .unwrap_or("")
+                .contains("NotAuthorized"),
+            "{:?}",
+            out.reason
+        );
+    }
+    drop(broker);
+}
