@@ -510,7 +510,6 @@ impl MqttSource {
     ) {
         let view = P::view(&p);
         let converted = self.to_event(&view, None);
-        let topic = view.topic.into_owned();
         if view.qos == 0 {
             match converted {
                 Ok((event, minted)) => {
@@ -526,7 +525,7 @@ impl MqttSource {
                         .await;
                 }
                 Err(e) => {
-                    tracing::warn!(source = %self.name, topic = %topic, error = %e, "mqtt: not a valid CloudEvent; dropped");
+                    tracing::warn!(source = %self.name, topic = %view.topic, error = %e, "mqtt: not a valid CloudEvent; dropped");
                     ctx.sender.telemetry().rejected("invalid_event", 1);
                 }
             }
@@ -556,7 +555,7 @@ impl MqttSource {
                 }
             }
             Err(e) => {
-                tracing::warn!(source = %self.name, topic = %topic, error = %e, "mqtt: not a valid CloudEvent; acknowledged without delivery (MQTT has no dead-letter)");
+                tracing::warn!(source = %self.name, topic = %view.topic, error = %e, "mqtt: not a valid CloudEvent; acknowledged without delivery (MQTT has no dead-letter)");
                 ctx.sender.telemetry().rejected("invalid_event", 1);
                 self.telemetry.settled(Settled::Reject, 1);
                 entries.insert(

@@ -113,7 +113,7 @@ impl SourceConfig for PubSubSourceConfig {
                 name: name.clone(),
                 format: self.format,
                 json_body: self.json_body,
-                metadata: serde_json::to_value(&self.metadata).unwrap_or_default(),
+                metadata: serde_json::to_vec(&self.metadata).unwrap_or_else(|_| b"{}".to_vec()),
             };
             let engine = Engine {
                 telemetry: PullTelemetry::new(&name),
@@ -205,7 +205,8 @@ struct Decoder {
     name: String,
     format: Format,
     json_body: bool,
-    metadata: serde_json::Value,
+    /// `argo`: `data.metadata` as JSON text.
+    metadata: Vec<u8>,
 }
 
 /// A message as the stream delivered it.
@@ -228,20 +229,28 @@ impl Decoder {
         let time = publish_time(r);
         let stamp = time.map(Timestamp::from_utc).unwrap_or_else(Timestamp::now);
         if self.format == Format::Argo {
-            let body: serde_json::Value =
-                serde_json::from_slice(&argo::body(&m.data, self.json_body)?)
-                    .map_err(|e| e.to_string())?;
-            let data = serde_json::json!({
-                "id": m.message_id,
-                "body": body,
-                "attributes": m.attributes,
-                "publishTime": argo::go_time(time.unwrap_or_else(chrono::Utc::now)),
-                "metadata": self.metadata,
-            });
+            // The object written as bytes: the body (JSON or base64 text) goes in as it is.
+            let body = argo::body(&m.data, self.json_body)?;
+            let mut data = Vec::with_capacity(body.len() + 160);
+            let text = |e: serde_json::Error| e.to_string();
+            data.extend_from_slice(b"{\"id\":");
+            serde_json::to_writer(&mut data, &m.message_id).map_err(text)?;
+            data.extend_from_slice(b",\"body\":");
+            data.extend_from_slice(&body);
+            data.extend_from_slice(b",\"attributes\":");
+            // In name order: the same data on every copy.
+            let attributes: std::collections::BTreeMap<_, _> = m.attributes.iter().collect();
+            serde_json::to_writer(&mut data, &attributes).map_err(text)?;
+            data.extend_from_slice(b",\"publishTime\":");
+            let published = argo::go_time(time.unwrap_or_else(chrono::Utc::now));
+            serde_json::to_writer(&mut data, &published).map_err(text)?;
+            data.extend_from_slice(b",\"metadata\":");
+            data.extend_from_slice(&self.metadata);
+            data.push(b'}');
             let e = Event::new(&*m.message_id, &*self.source, &*self.ty)
                 .with_subject(&*self.name)
                 .with_time(stamp)
-                .with_json(serde_json::to_vec(&data).map_err(|e| e.to_string())?);
+                .with_json(data);
             return Ok(e);
         }
         match binding::decode(&m.attributes, &m.data).map_err(|e| e.to_string())? {
@@ -285,9 +294,9 @@ impl Decoder {
 /// What settling one message needs.
 struct Handle {
     ack_id: String,
-    message_id: String,
     attempt: u32,
-    key: Option<String>,
+    /// The ordering key and the message id (what unblocks the key when it comes again).
+    key: Option<(String, String)>,
 }
 
 /// A message received and not in the pipeline yet: waiting for room, or behind an earlier one
@@ -369,8 +378,7 @@ async fn next_of(pull: &mut Option<Pull>) -> Result<Option<StreamingPullResponse
         Some(Pull {
             responses: Some(r), ..
         }) => r.message().await,
-        Some(_) => std::future::pending().await,
-        None => std::future::pending().await,
+        _ => std::future::pending().await,
     }
 }
 
@@ -562,9 +570,14 @@ impl Engine {
         Ok(())
     }
 
-    /// Hands a message that never entered the pipeline back at once.
+    /// Hands a message back for a redelivery in `secs` seconds (counted as a retry).
     fn hand_back(&self, st: &mut State, ack_id: String, secs: i32) {
         self.telemetry.settled(Settled::Retry, 1);
+        self.redeliver_in(st, ack_id, secs);
+    }
+
+    /// Sets a message's deadline to `secs` (0: a nack), and stops counting its bytes.
+    fn redeliver_in(&self, st: &mut State, ack_id: String, secs: i32) {
         self.forget(st, &ack_id);
         if let Some(b) = st.modacks.push((ack_id, secs)) {
             st.calls.push(self.modack(b, false));
@@ -612,9 +625,8 @@ impl Engine {
     ) -> bool {
         let handle = Handle {
             ack_id: msg.ack_id.clone(),
-            message_id: msg.message.message_id.clone(),
             attempt: msg.attempt.unwrap_or(1),
-            key,
+            key: key.map(|k| (k, msg.message.message_id.clone())),
         };
         match self.decoder.event(&msg) {
             Ok(event) => {
@@ -657,7 +669,7 @@ impl Engine {
                 if let Some(b) = st.acks.push(h.ack_id) {
                     st.calls.push(self.ack(b));
                 }
-                if let Some(k) = h.key {
+                if let Some((k, _)) = h.key {
                     self.next_of_key(ctx, st, k).await;
                 }
             }
@@ -690,13 +702,9 @@ impl Engine {
 
     /// Hands a message back for a redelivery in `secs` seconds, with those waiting behind it.
     fn unsettled(&self, st: &mut State, h: Handle, secs: i32) {
-        self.telemetry.settled(Settled::Retry, 1);
-        self.forget(st, &h.ack_id);
-        if let Some(b) = st.modacks.push((h.ack_id, secs)) {
-            st.calls.push(self.modack(b, false));
-        }
-        if let Some(k) = h.key {
-            self.block(st, k, h.message_id, secs);
+        self.hand_back(st, h.ack_id, secs);
+        if let Some((k, head)) = h.key {
+            self.block(st, k, head, secs);
         }
     }
 
@@ -728,12 +736,9 @@ impl Engine {
             self.telemetry.settled(Settled::Retry, 1);
             REJECT_HOLD_SECS
         };
-        self.forget(st, &h.ack_id);
-        if let Some(b) = st.modacks.push((h.ack_id, secs)) {
-            st.calls.push(self.modack(b, false));
-        }
-        if let Some(k) = h.key {
-            self.block(st, k, h.message_id, secs);
+        self.redeliver_in(st, h.ack_id, secs);
+        if let Some((k, head)) = h.key {
+            self.block(st, k, head, secs);
         }
     }
 
@@ -768,7 +773,6 @@ impl Engine {
         let mut due = Vec::new();
         st.window
             .extend_leases(margin, |h| due.push((h.ack_id.clone(), secs)));
-        let now = Instant::now();
         for q in st
             .keys
             .values_mut()
