@@ -60,15 +60,8 @@ pub fn is_cloudevent(props: &BasicProperties) -> bool {
 /// Decodes a message that [`is_cloudevent`].
 pub fn decode(props: &BasicProperties, body: Bytes) -> Result<Event, EventError> {
     if let Some(ct) = props.content_type() {
-        let ct = ct.as_str();
-        if ct.len() >= 23 && ct[..23].eq_ignore_ascii_case("application/cloudevents") {
-            let essence = ct.split(';').next().unwrap_or("").trim();
-            if !essence.eq_ignore_ascii_case(STRUCTURED_CONTENT_TYPE) {
-                return Err(EventError(format!(
-                    "structured format {essence:?} is not supported"
-                )));
-            }
-            return format::decode_event(&body);
+        if let Some(structured) = format::structured_by_content_type(ct.as_str(), &body) {
+            return structured;
         }
     }
     let mut e = Event::new(String::new(), String::new(), String::new());
