@@ -62,7 +62,7 @@ impl Timestamp {
     /// nanoseconds.
     pub fn from_utc(at: DateTime<Utc>) -> Self {
         Timestamp {
-            text: at.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+            text: format_utc(&at),
             at: at.fixed_offset(),
         }
     }
@@ -78,6 +78,63 @@ impl Timestamp {
     pub fn instant(&self) -> DateTime<FixedOffset> {
         self.at
     }
+}
+
+/// `at.to_rfc3339_opts(SecondsFormat::AutoSi, true)` written digit by digit instead of through
+/// chrono's formatting machinery (a third of the cost of making an event from a plain request):
+/// `YYYY-MM-DDTHH:MM:SS[.fff|.ffffff|.fffffffff]Z`. Years outside 0..=9999 and leap seconds
+/// take chrono's path.
+fn format_utc(at: &DateTime<Utc>) -> String {
+    use chrono::{Datelike, Timelike};
+    fn put(buf: &mut [u8], mut v: u32) {
+        for b in buf.iter_mut().rev() {
+            *b = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    }
+    // The naive UTC parts: each accessor of a `DateTime` would apply the (zero) offset again.
+    let (date, time) = (at.date_naive(), at.time());
+    let year = date.year();
+    let nanos = time.nanosecond();
+    if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
+        return at.to_rfc3339_opts(SecondsFormat::AutoSi, true);
+    }
+    let secs = time.num_seconds_from_midnight();
+    let mut buf = *b"0000-00-00T00:00:00.000000000Z";
+    put(&mut buf[0..4], year as u32);
+    put(&mut buf[5..7], date.month());
+    put(&mut buf[8..10], date.day());
+    put(&mut buf[11..13], secs / 3600);
+    put(&mut buf[14..16], secs / 60 % 60);
+    put(&mut buf[17..19], secs % 60);
+    let digits = match nanos {
+        0 => 0,
+        n if n % 1_000_000 == 0 => 3,
+        n if n % 1_000 == 0 => 6,
+        _ => 9,
+    };
+    let mut end = 19;
+    if digits > 0 {
+        put(
+            &mut buf[20..20 + digits],
+            nanos / 10u32.pow(9 - digits as u32),
+        );
+        end = 20 + digits;
+    }
+    buf[end] = b'Z';
+    std::str::from_utf8(&buf[..=end])
+        .expect("ASCII digits and separators")
+        .to_owned()
+}
+
+/// A fresh event id: a UUIDv7 (time-ordered, cannot repeat), in its hyphenated lowercase form,
+/// written without the `fmt` machinery.
+pub fn new_event_id() -> String {
+    let mut buf = uuid::Uuid::encode_buffer();
+    uuid::Uuid::now_v7()
+        .hyphenated()
+        .encode_lower(&mut buf)
+        .to_owned()
 }
 
 /// Two timestamps are equal when they name the same instant (the conformance suite's rule).
@@ -408,6 +465,19 @@ pub fn check_string(attr: &str, value: &str, non_empty: bool) -> Result<(), Even
 
 /// RFC 2046 media type: `type/subtype` with optional parameters.
 pub fn check_media_type(ct: &str) -> Result<(), EventError> {
+    // The types most requests carry are valid as written: no parse for them.
+    const COMMON: [&str; 7] = [
+        "application/json",
+        "application/json; charset=utf-8",
+        "application/octet-stream",
+        "application/x-www-form-urlencoded",
+        "text/plain",
+        "text/plain; charset=utf-8",
+        "application/xml",
+    ];
+    if COMMON.contains(&ct) {
+        return Ok(());
+    }
     match ct.parse::<mime::Mime>() {
         Ok(m) if !m.subtype().as_str().is_empty() && !m.type_().as_str().is_empty() => Ok(()),
         _ => Err(EventError(format!(
@@ -422,6 +492,75 @@ mod tests {
 
     fn minimal() -> Event {
         Event::new("1", "https://example.com/src", "com.example.test")
+    }
+
+    #[test]
+    fn utc_timestamps_are_written_as_chrono_writes_them() {
+        use chrono::TimeZone;
+        // Every precision (none, milli, micro, nano), the ends of the 4-digit years, a leap
+        // day, and a spread of instants from a fixed-seed generator.
+        let mut cases = vec![
+            Utc.timestamp_opt(0, 0).unwrap(),
+            Utc.timestamp_opt(1_700_000_000, 120_000_000).unwrap(),
+            Utc.timestamp_opt(1_700_000_000, 123_456_000).unwrap(),
+            Utc.timestamp_opt(1_700_000_000, 123_456_789).unwrap(),
+            Utc.timestamp_opt(1_700_000_000, 1).unwrap(),
+            Utc.with_ymd_and_hms(2024, 2, 29, 23, 59, 59).unwrap(),
+            Utc.with_ymd_and_hms(0, 1, 1, 0, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap(),
+            Utc.with_ymd_and_hms(10000, 1, 1, 0, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(-1, 1, 1, 0, 0, 0).unwrap(),
+            // A leap second (chrono keeps it as nanoseconds past 10^9).
+            Utc.timestamp_opt(1_483_228_799, 1_500_000_000).unwrap(),
+        ];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let secs = (x % 253_402_300_800) as i64 - 62_167_219_200;
+            let nanos = match x >> 62 {
+                0 => 0,
+                1 => ((x >> 20) % 1000) as u32 * 1_000_000,
+                2 => ((x >> 20) % 1_000_000) as u32 * 1000,
+                _ => ((x >> 20) % 1_000_000_000) as u32,
+            };
+            cases.push(Utc.timestamp_opt(secs, nanos).unwrap());
+        }
+        for at in cases {
+            let t = Timestamp::from_utc(at);
+            assert_eq!(
+                t.as_str(),
+                at.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+                "{at:?}"
+            );
+            assert_eq!(t.instant(), at.fixed_offset());
+        }
+    }
+
+    #[test]
+    fn fresh_ids_are_hyphenated_uuid_v7() {
+        let a = new_event_id();
+        let b = new_event_id();
+        assert_ne!(a, b);
+        let u = uuid::Uuid::parse_str(&a).unwrap();
+        assert_eq!(u.get_version_num(), 7);
+        assert_eq!(a, u.hyphenated().to_string());
+    }
+
+    #[test]
+    fn common_media_types_pass_and_others_are_still_parsed() {
+        for ct in [
+            "application/json",
+            "text/plain; charset=utf-8",
+            "application/xml",
+        ] {
+            check_media_type(ct).unwrap();
+        }
+        check_media_type("application/vnd.acme+json; v=2").unwrap();
+        for bad in ["json", "application/", "/json", "", "application/json;;"] {
+            assert!(check_media_type(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub enum Mode {
 }
 
 /// Every byte the binding says must be percent-encoded (non-ASCII is always encoded).
+/// Built once: a `&str` key would be parsed and lowercased on every lookup.
+static CE_SPECVERSION: HeaderName = HeaderName::from_static("ce-specversion");
+
 const HEADER_ENCODE: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
 
 /// What a request's headers say it carries.
@@ -49,7 +52,7 @@ pub fn detect(headers: &HeaderMap) -> Detected {
             return Detected::Structured;
         }
     }
-    if headers.contains_key("ce-specversion") {
+    if headers.contains_key(&CE_SPECVERSION) {
         Detected::Binary
     } else {
         Detected::Plain
