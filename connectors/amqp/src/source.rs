@@ -554,5 +554,5 @@ impl AmqpSource {
 }
 
 fn uuid_v7() -> String {
-    uuid::Uuid::now_v7().to_string()
+    sluice_core::event::new_event_id()
 }

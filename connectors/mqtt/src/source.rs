@@ -317,7 +317,7 @@ impl MqttSource {
         again: Option<&Minted>,
     ) -> Result<(Event, Option<Minted>), EventError> {
         let minted = again.cloned().unwrap_or_else(|| Minted {
-            id: uuid::Uuid::now_v7().to_string(),
+            id: sluice_core::event::new_event_id(),
             time: Timestamp::now(),
         });
         let (id, time) = (minted.id.clone(), minted.time.clone());

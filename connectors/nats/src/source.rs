@@ -615,7 +615,7 @@ impl CoreSource {
             .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
         {
             Some(v) if !v.as_str().is_empty() => (v.as_str().to_owned(), false),
-            _ => (uuid::Uuid::now_v7().to_string(), true),
+            _ => (sluice_core::event::new_event_id(), true),
         }
     }
 

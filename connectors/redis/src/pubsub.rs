@@ -168,7 +168,7 @@ impl PubSubSource {
             data.extend_from_slice(b",\"metadata\":");
             data.extend_from_slice(&self.metadata);
             data.push(b'}');
-            let e = Event::new(uuid::Uuid::now_v7().to_string(), &*self.source, &*self.ty)
+            let e = Event::new(sluice_core::event::new_event_id(), &*self.source, &*self.ty)
                 .with_subject(&*self.name)
                 .with_time(Timestamp::now())
                 .with_json(data);
@@ -178,7 +178,7 @@ impl PubSubSource {
             return format::decode_event(&m.payload).map(|e| (e, false));
         }
         let ct = sluice_core::event::guess_content_type(&m.payload);
-        let mut e = Event::new(uuid::Uuid::now_v7().to_string(), &*self.source, &*self.ty)
+        let mut e = Event::new(sluice_core::event::new_event_id(), &*self.source, &*self.ty)
             .with_subject(&*m.channel)
             .with_time(Timestamp::now());
         if !m.payload.is_empty() {
