@@ -2,7 +2,9 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,7 +23,7 @@ use sluice_core::{SendOptions, SourceContext, SourceSender, Status};
 
 use crate::auth::Auth;
 use crate::providers::{self, Provider, Verdict};
-use crate::server::Listener;
+use crate::server::{BusyGuard, Listener};
 use crate::{AckMode, Format, IdFallback, WebhookConfig};
 
 type Resp = Response<Full<Bytes>>;
@@ -174,6 +176,7 @@ pub(crate) async fn handle(
     l: Arc<Listener>,
     req: Request<Incoming>,
     peer: std::net::SocketAddr,
+    _busy: BusyGuard,
 ) -> Result<Resp, Infallible> {
     let path = req.uri().path();
     if path == "/health" {
@@ -218,7 +221,7 @@ async fn handle_route(
     }
     // A bounded number of requests are handled at once; past that, shed at once rather than
     // hold memory for waiting clients.
-    let Ok(_permit) = l.in_flight.clone().try_acquire_owned() else {
+    let Ok(_permit) = l.in_flight.try_acquire() else {
         route.telemetry.rejected("overloaded", 1);
         return retry_later("too many requests in flight; retry later");
     };
@@ -234,8 +237,16 @@ async fn handle_route(
             "body larger than max_body",
         ));
     }
-    let limited = Limited::new(body, route.max_body as usize);
-    let body = match tokio::time::timeout(route.body_timeout, limited.collect()).await {
+    let collect = Limited::new(body, route.max_body as usize).collect();
+    tokio::pin!(collect);
+    // Fast path: a body that came with its headers (most do) is read at the first poll, and no
+    // timer is armed. The poll registers this task's waker as any poll would.
+    let first = std::future::poll_fn(|cx| Poll::Ready(collect.as_mut().poll(cx))).await;
+    let collected = match first {
+        Poll::Ready(r) => Ok(r),
+        Poll::Pending => tokio::time::timeout(route.body_timeout, collect).await,
+    };
+    let body = match collected {
         Err(_) => {
             route.telemetry.rejected("body_timeout", 1);
             return close(error(
@@ -424,7 +435,7 @@ fn event_id(route: &Route, headers: &HeaderMap, digest_input: &[u8]) -> (String,
         return (id.to_owned(), false);
     }
     match route.id_fallback {
-        IdFallback::Uuid => (uuid::Uuid::now_v7().to_string(), true),
+        IdFallback::Uuid => (sluice_core::event::new_event_id(), true),
         IdFallback::BodySha256 => (hex::encode(Sha256::digest(digest_input)), false),
     }
 }
@@ -448,13 +459,14 @@ fn form_json(input: &[u8]) -> Bytes {
     Bytes::from(serde_json::to_vec(&map).unwrap_or_else(|_| b"{}".to_vec()))
 }
 
+/// Built once: a `&str` key would be parsed and lowercased on every lookup.
+static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
 /// Tracing headers and `header_extensions` as extensions (names were checked with the config).
 fn add_extensions(route: &Route, headers: &HeaderMap, e: &mut Event) -> Result<(), Reject> {
-    let tracing = [("traceparent", "traceparent"), ("tracestate", "tracestate")];
-    let configured = route
-        .header_ext
-        .iter()
-        .map(|(h, ext)| (h.as_str(), ext.as_str()));
+    let tracing = [(&TRACEPARENT, "traceparent"), (&TRACESTATE, "tracestate")];
+    let configured = route.header_ext.iter().map(|(h, ext)| (h, ext.as_str()));
     for (h, ext) in tracing.into_iter().chain(configured) {
         if let Some(v) = headers.get(h).and_then(|v| v.to_str().ok()) {
             check_string(ext, v, false)
@@ -474,16 +486,24 @@ fn plain_event(
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let is_get = parts.method == http::Method::GET;
     let (id, fresh) = request_id(route, parts, &body);
-    let mut e = Event::new(id, route.source.clone(), route.ty.clone())
-        .with_subject(route.subject.clone())
-        .with_time(Timestamp::now());
+    // Built in place: each builder call would move the whole event once more.
+    let mut e = Event {
+        id,
+        source: route.source.clone(),
+        ty: route.ty.clone(),
+        datacontenttype: None,
+        dataschema: None,
+        subject: Some(route.subject.clone()),
+        time: Some(Timestamp::now()),
+        extensions: Vec::new(),
+        data: Data::None,
+    };
+    let content_type = parts.headers.get(CONTENT_TYPE);
     if is_get {
-        e = e.with_data(
-            Some("application/json".into()),
-            Data::Json(form_json(query)),
-        );
-    } else if !body.is_empty() || parts.headers.contains_key(CONTENT_TYPE) {
-        let ct = match parts.headers.get(CONTENT_TYPE) {
+        e.datacontenttype = Some("application/json".into());
+        e.data = Data::Json(form_json(query));
+    } else if !body.is_empty() || content_type.is_some() {
+        let ct = match content_type {
             Some(v) => {
                 let ct = v.to_str().map_err(|_| {
                     (
@@ -496,8 +516,8 @@ fn plain_event(
             }
             None => Some("application/octet-stream".to_owned()),
         };
-        let data = Data::from_bytes(body, ct.as_deref());
-        e = e.with_data(ct, data);
+        e.data = Data::from_bytes(body, ct.as_deref());
+        e.datacontenttype = ct;
     }
     finish(route, &parts.headers, e, fresh)
 }
@@ -512,12 +532,15 @@ fn finish(
     fresh: bool,
 ) -> Result<(Event, bool), Reject> {
     add_extensions(route, headers, &mut e)?;
-    check_string("id", &e.id, true).map_err(|err| {
-        (
-            StatusCode::BAD_REQUEST,
-            format!("cannot make a CloudEvent: {err}"),
-        )
-    })?;
+    // A fresh id is a UUID made here: nothing to check.
+    if !fresh {
+        check_string("id", &e.id, true).map_err(|err| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("cannot make a CloudEvent: {err}"),
+            )
+        })?;
+    }
     Ok((e, fresh))
 }
 

@@ -178,15 +178,9 @@ async fn serve(
             let svc = |idle: &Arc<Idle>| {
                 let idle = idle.clone();
                 let (idle, l) = (idle.clone(), l.clone());
-                service_fn(move |req| {
-                    let busy = idle.busy();
-                    let fut = handler::handle(l.clone(), req, peer);
-                    async move {
-                        let r = fut.await;
-                        drop(busy);
-                        r
-                    }
-                })
+                // The handler's future is handed to hyper as it is: wrapping it in another
+                // async block would copy the whole (large) future once more per request.
+                service_fn(move |req| handler::handle(l.clone(), req, peer, idle.busy()))
             };
             match tls {
                 None => {
@@ -247,7 +241,8 @@ impl Idle {
     }
 }
 
-struct BusyGuard(Arc<Idle>);
+/// Marks its connection busy until dropped (when the request's handler finishes).
+pub(crate) struct BusyGuard(Arc<Idle>);
 
 impl Drop for BusyGuard {
     fn drop(&mut self) {
