@@ -4,6 +4,7 @@
 # thread; the load generator to the other core(s).
 #
 #   benches/webhook.sh            # DURATION=10s CONNS=64 by default
+#   SLUICE_BIN=path BARE_BIN=path benches/webhook.sh   # prebuilt binaries
 #
 # Max rate: wrk (64 connections, 1 KiB JSON POSTs). Latency at half of the max rate: oha with a
 # fixed request rate (-q). RSS: VmHWM of the server process after the run.
@@ -23,9 +24,14 @@ command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk;
 LATENCY=${LATENCY:-1}   # LATENCY=0: max rate only (no oha run, nor its install)
 [ "$LATENCY" = 0 ] || command -v oha >/dev/null || cargo install oha --locked
 
-cargo build --release --bin sluice >/dev/null
-BARE=$(bench_exe bare_hyper)
-SLUICE=target/release/sluice
+# SLUICE_BIN / BARE_BIN: prebuilt binaries instead of building them here (e.g. a daemon built
+# with `--no-default-features --features mimalloc,webhook,console`, whose hot path is the same
+# code as the full build's; say which build it was next to the figures).
+if [ -n "${SLUICE_BIN:-}" ]; then SLUICE=$SLUICE_BIN; else
+  cargo build --release --bin sluice >/dev/null
+  SLUICE=target/release/sluice
+fi
+BARE=${BARE_BIN:-$(bench_exe bare_hyper)}
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
