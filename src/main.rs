@@ -108,6 +108,13 @@ fn stop_signal() -> impl std::future::Future<Output = ()> {
 /// Exit code when SIGTERM's drain did not finish within `shutdown_grace`.
 const EXIT_DRAIN_INCOMPLETE: u8 = 3;
 
+/// mimalloc: per-thread free lists that stay fast when one task allocates an event and another
+/// frees it (glibc's tcache overflows to its locked slow path there). Measured in
+/// docs/decisions.md; `--no-default-features` builds keep the system allocator.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
