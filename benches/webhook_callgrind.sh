@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Instructions per request (user space, callgrind) of the bare hyper ceiling and of Sluice
+# webhook → null: the same 1 KiB JSON POSTs as benches/webhook.sh, counted only while wrk runs.
+# Counts, unlike rates, repeat to within a percent on a busy VM, so they show what a change to
+# the hot path saves.
+#
+#   SLUICE_BIN=target/release/sluice BARE_BIN=path/to/bare_hyper benches/webhook_callgrind.sh
+#
+# Without SLUICE_BIN / BARE_BIN both are built (release). Needs valgrind and wrk.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. benches/lib.sh
+command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
+command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+if [ -z "${SLUICE_BIN:-}" ]; then cargo build --release --bin sluice >/dev/null; SLUICE_BIN=target/release/sluice; fi
+BARE_BIN=${BARE_BIN:-$(bench_exe bare_hyper)}
+DURATION=${DURATION:-6s}
+PORT=18080
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+make_load "$work"
+cat > "$work/null.yaml" <<YAML
+admin: { listen: 127.0.0.1:17777 }
+sources:
+  hooks: { kind: webhook, listen: 127.0.0.1:$PORT, path: / }
+sinks:
+  out: { kind: null }
+routes:
+  - { from: [hooks], to: [out] }
+YAML
+
+# count NAME SLUG CMD... → a table row: NAME, requests, non-2xx, instructions per request
+count() {
+  local name=$1 slug=$2; shift 2
+  RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.$slug" "$@" >/dev/null 2>"$work/vg.$slug" &
+  local pid=$!
+  wait_port $PORT
+  sleep 1
+  callgrind_control -i on "$pid" >/dev/null 2>&1
+  local out; out=$(wrk -t1 -c32 -d"$DURATION" -s "$work/post.lua" "http://127.0.0.1:$PORT/" 2>&1)
+  callgrind_control -i off "$pid" >/dev/null 2>&1
+  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  local reqs ir non
+  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
+  non=$(awk '/Non-2xx/ {print $4}' <<<"$out")
+  ir=$(callgrind_annotate "$work/cg.$slug" 2>/dev/null | awk '/PROGRAM TOTALS/ && !d {gsub(",","",$1); print $1; d=1}')
+  echo "| $name | $reqs | ${non:-0} | $((ir / reqs)) |"
+}
+echo "| server | requests | non-2xx | instructions per request |"
+echo "|---|---|---|---|"
+count "bare hyper" bare "$BARE_BIN" --listen 127.0.0.1:$PORT --threads 1
+count "sluice webhook → null" sluice "$SLUICE_BIN" run -c "$work/null.yaml" --threads 1
