@@ -422,16 +422,48 @@ fn handshake(route: &Route, headers: &HeaderMap) -> Resp {
 type Reject = (StatusCode, String);
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
+    headers.get(name).and_then(value_str)
+}
+
+fn value_str(v: &HeaderValue) -> Option<&str> {
+    v.to_str().ok().map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// Requests with at most this many header values are searched for `id_headers` in one pass.
+const ID_SCAN_MAX: usize = 12;
+
+/// The value of the first of `ids` (in their order) that `headers` carries non-empty, judged
+/// by that header's first value, as [`HeaderMap::get`] returns it. A request with few headers
+/// (most) is read in one pass, cheaper than a hashed lookup per id header.
+fn id_from_headers<'a>(ids: &[HeaderName], headers: &'a HeaderMap) -> Option<&'a str> {
+    if ids.is_empty() {
+        return None;
+    }
+    if headers.len() > ID_SCAN_MAX || ids.len() > 64 {
+        return ids.iter().find_map(|h| header_str(headers, h));
+    }
+    // Values of one name come in order, its first value first; `seen` skips the later ones.
+    let (mut seen, mut best): (u64, Option<(usize, &str)>) = (0, None);
+    for (name, value) in headers {
+        let Some(i) = ids.iter().position(|h| h == name) else {
+            continue;
+        };
+        if seen & (1 << i) != 0 {
+            continue;
+        }
+        seen |= 1 << i;
+        if best.is_none_or(|(b, _)| i < b) {
+            if let Some(v) = value_str(value) {
+                best = Some((i, v));
+            }
+        }
+    }
+    best.map(|(_, v)| v)
 }
 
 /// The event id, and whether it is fresh (a UUIDv7 made now, which cannot repeat).
 fn event_id(route: &Route, headers: &HeaderMap, digest_input: &[u8]) -> (String, bool) {
-    if let Some(id) = route.id_headers.iter().find_map(|h| header_str(headers, h)) {
+    if let Some(id) = id_from_headers(&route.id_headers, headers) {
         return (id.to_owned(), false);
     }
     match route.id_fallback {
@@ -620,6 +652,54 @@ fn argo_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn id_headers_found_in_one_pass_as_by_lookups() {
+        let ids: Vec<HeaderName> = ["x-request-id", "idempotency-key", "x-delivery"]
+            .iter()
+            .map(|h| HeaderName::from_static(h))
+            .collect();
+        let lookups = |h: &HeaderMap| ids.iter().find_map(|n| header_str(h, n)).map(str::to_owned);
+        let cases: &[&[(&str, &str)]] = &[
+            &[],
+            &[("content-type", "application/json")],
+            &[("idempotency-key", "k1"), ("x-request-id", "r1")],
+            &[("x-delivery", "d1"), ("idempotency-key", "k1")],
+            // An empty or blank first value counts as absent, even with a later value.
+            &[
+                ("x-request-id", " "),
+                ("x-request-id", "r2"),
+                ("x-delivery", "d1"),
+            ],
+            &[("x-request-id", "r1"), ("x-request-id", "r2")],
+            &[("x-delivery", " d1 "), ("host", "h")],
+            &[("x-request-id", "caf\u{e9}"), ("x-delivery", "d1")],
+        ];
+        for case in cases {
+            let mut h = HeaderMap::new();
+            for (k, v) in *case {
+                h.append(
+                    HeaderName::from_static(k),
+                    HeaderValue::from_bytes(v.as_bytes()).unwrap(),
+                );
+            }
+            assert_eq!(
+                id_from_headers(&ids, &h).map(str::to_owned),
+                lookups(&h),
+                "{case:?}"
+            );
+        }
+        // Past the one-pass bound the lookups answer, the same way.
+        let mut many = HeaderMap::new();
+        for i in 0..ID_SCAN_MAX + 1 {
+            many.append(
+                HeaderName::from_bytes(format!("x-pad-{i}").as_bytes()).unwrap(),
+                HeaderValue::from_static("v"),
+            );
+        }
+        many.insert("idempotency-key", HeaderValue::from_static("k"));
+        assert_eq!(id_from_headers(&ids, &many), Some("k"));
+    }
 
     #[test]
     fn canonical_header_names() {
