@@ -95,9 +95,10 @@ for l in sys.stdin:
 }
 
 # Installs wrk when missing and builds the release daemon.
+# With SLUICE_BIN set, that prebuilt daemon is used and nothing is built.
 prepare() {
   command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
-  cargo build --release --bin sluice >/dev/null
+  [ -n "${SLUICE_BIN:-}" ] || cargo build --release --bin sluice >/dev/null
 }
 
 # One wrk run against 127.0.0.1:$1/ with $work/post.lua (LOAD_PIN: a command prefix);

