@@ -143,15 +143,10 @@ impl Route {
 }
 
 fn reply(status: StatusCode, body: impl Into<Bytes>) -> Resp {
-    // Cloned, not built: a clone copies the table, an insert hashes and probes it.
-    static JSON: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(|| {
-        let mut h = HeaderMap::with_capacity(4);
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        h
-    });
     let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
-    *r.headers_mut() = JSON.clone();
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
 }
 
