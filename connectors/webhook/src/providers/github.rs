@@ -4,7 +4,7 @@
 //! redeliveries).
 
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderName, StatusCode};
 
 use super::{
     first, header_400, inject_keys, json_event, single, Doc, EventFilter, Keys, Naming, Provider,
@@ -48,10 +48,11 @@ pub(crate) struct Github {
     events: EventFilter,
 }
 
-const SIG256: &str = "x-hub-signature-256";
-const SIG1: &str = "x-hub-signature";
-const EVENT: &str = "x-github-event";
-const DELIVERY: &str = "x-github-delivery";
+// Read on every delivery: prebuilt, so a lookup hashes without parsing the name.
+static SIG256: HeaderName = HeaderName::from_static("x-hub-signature-256");
+static SIG1: HeaderName = HeaderName::from_static("x-hub-signature");
+static EVENT: HeaderName = HeaderName::from_static("x-github-event");
+static DELIVERY: HeaderName = HeaderName::from_static("x-github-delivery");
 
 /// Checks `sha256=<hex>` over `body`.
 pub(crate) fn verify_sha256(
@@ -77,12 +78,12 @@ pub(crate) fn verify_sha256(
 
 impl Provider for Github {
     fn delivery_id<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
-        first(headers, DELIVERY)
+        first(headers, &DELIVERY)
     }
 
     fn verify(&self, req: &Request<'_>) -> Result<(), Refusal> {
-        let Some(sig) = single(req.headers, SIG256)? else {
-            return Err(if req.headers.contains_key(SIG1) {
+        let Some(sig) = single(req.headers, &SIG256)? else {
+            return Err(if req.headers.contains_key(&SIG1) {
                 Refusal::unauthorized(
                     "missing_header",
                     "X-Hub-Signature-256 header missing; a SHA-1 X-Hub-Signature alone is refused",
@@ -95,7 +96,7 @@ impl Provider for Github {
     }
 
     fn event(&self, req: &Request<'_>, naming: &Naming<'_>) -> Result<Verdict, Refusal> {
-        let event = header_400(req.headers, EVENT)?.ok_or_else(|| {
+        let event = header_400(req.headers, &EVENT)?.ok_or_else(|| {
             Refusal::bad_request("missing_header", "X-GitHub-Event header missing")
         })?;
         if event == "ping" {
@@ -107,7 +108,7 @@ impl Provider for Github {
         if !self.events.allows(event) {
             return Ok(Verdict::Filtered);
         }
-        let id = header_400(req.headers, DELIVERY)?
+        let id = header_400(req.headers, &DELIVERY)?
             .ok_or_else(|| {
                 Refusal::bad_request("missing_header", "X-GitHub-Delivery header missing")
             })?

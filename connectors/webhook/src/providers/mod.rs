@@ -191,7 +191,14 @@ pub(crate) fn token_matches(tokens: &[Secret], given: &[u8]) -> bool {
 
 /// The value of a header sent at most once. Two copies of a header that decides verification
 /// are refused rather than guessed between.
-pub(crate) fn single<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, Refusal> {
+/// A header name as the helpers below take it: a `&str` (parsed and lowercased at each lookup)
+/// or a prebuilt `&HeaderName` (hashed only), for the headers read on every request.
+pub(crate) trait Name: http::header::AsHeaderName + Copy + std::fmt::Display {}
+impl Name for &str {}
+impl Name for &http::HeaderName {}
+impl Name for &String {}
+
+pub(crate) fn single(headers: &HeaderMap, name: impl Name) -> Result<Option<&str>, Refusal> {
     let mut all = headers.get_all(name).iter();
     let Some(first) = all.next() else {
         return Ok(None);
@@ -210,17 +217,14 @@ pub(crate) fn single<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'
 }
 
 /// [`single`], refusing a missing header.
-pub(crate) fn required<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str, Refusal> {
+pub(crate) fn required(headers: &HeaderMap, name: impl Name) -> Result<&str, Refusal> {
     single(headers, name)?
         .ok_or_else(|| Refusal::unauthorized("missing_header", format!("{name} header missing")))
 }
 
 /// A header that names or identifies the delivery (not verification): missing or doubled is a
 /// 400.
-pub(crate) fn header_400<'h>(
-    headers: &'h HeaderMap,
-    name: &str,
-) -> Result<Option<&'h str>, Refusal> {
+pub(crate) fn header_400(headers: &HeaderMap, name: impl Name) -> Result<Option<&str>, Refusal> {
     single(headers, name).map_err(|mut r| {
         r.status = StatusCode::BAD_REQUEST;
         r
@@ -228,7 +232,7 @@ pub(crate) fn header_400<'h>(
 }
 
 /// The first value of a header, for logs.
-pub(crate) fn first<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+pub(crate) fn first(headers: &HeaderMap, name: impl Name) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -262,7 +266,11 @@ pub(crate) fn check_timestamp(
 
 /// Decodes lowercase or uppercase hex; `None` for anything else.
 pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
-    hex::decode(s).ok()
+    // Into a buffer of the right size: `hex::decode` collects through an iterator of results,
+    // several times slower for a signature. An odd length fails the size check.
+    let mut out = vec![0; s.len() / 2];
+    hex::decode_to_slice(s, &mut out).ok()?;
+    Some(out)
 }
 
 pub(crate) fn unbase64(s: &str) -> Option<Vec<u8>> {
