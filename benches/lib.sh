@@ -105,7 +105,7 @@ prepare() {
 # prints "req/s non-2xx p99 wrk-cpu%" (wrk's CPU share of one core over the run).
 run_wrk() {
   local out; out=$(LOAD_RUN="$(date +%s%N)" ${LOAD_PIN:-} /usr/bin/time -f 'LOADCPU %U %S %e' wrk -t1 -c"${2:-$CONNS}" -d"${DURATION}s" --latency -s "$work/post.lua" "http://127.0.0.1:$1/" 2>&1)
-  echo "$(awk '/Requests\/sec/ {print $2}' <<<"$out") $(awk '/Non-2xx/ {n=$4} END {print n+0}' <<<"$out") $(awk '$1=="99%" {print $2}' <<<"$out") $(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' <<<"$out")"
+  echo "$(awk '/Requests\/sec/ {print $2}' <<<"$out") $(awk '/Non-2xx/ {n=$5} END {print n+0}' <<<"$out") $(awk '$1=="99%" {print $2}' <<<"$out") $(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' <<<"$out")"
 }
 
 # CPU seconds (user + system) process $1 has used so far.
@@ -144,7 +144,7 @@ confine() { if [ -n "${CG:-}" ]; then echo "$1" > "$CG/cgroup.procs"; fi; }
 # the first sample with a delivered event and the last.
 run_sluice() {
   local series=$1 bpid=$2 count=${3:-$COUNT}
-  RUST_LOG=warn $SERVER_PIN target/release/sluice run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/sluice.err" & local sp=$!
+  RUST_LOG=warn $SERVER_PIN ${SLUICE_BIN:-target/release/sluice} run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/sluice.err" & local sp=$!
   local out
   out=$(python3 - "$ADMIN" "$series" "$count" "$sp" "$bpid" "$(getconf CLK_TCK)" <<'PY'
 import sys, time, urllib.request

@@ -84,7 +84,7 @@ for round in $(seq 1 "$ROUNDS"); do
     SCPU[$s]+="$(cpu_pct "$c0" "$c1" "$(python3 -c "print($t1-$t0)")") "
     LCPU[$s]+="$(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' <<<"$out") "
     RPS[$s]+="$(awk '/Requests\/sec/ {print $2}' <<<"$out") "
-    NON2XX[$s]+="$(awk '/Non-2xx/ {n=$4} END {print n+0}' <<<"$out") "
+    NON2XX[$s]+="$(awk '/Non-2xx/ {n=$5} END {print n+0}' <<<"$out") "
     P99[$s]+="$(awk '$1=="99%" {print $2}' <<<"$out") "
     kill -TERM "$spid"; wait "$spid" 2>/dev/null || true; sleep 0.3
   done

@@ -55,7 +55,7 @@ sinks:
 routes:
   - { from: [jobs], to: [out] }
 YAML
-  RUST_LOG=warn $SERVER_PIN target/release/sluice run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/sluice.err" & sp=$!
+  RUST_LOG=warn $SERVER_PIN ${SLUICE_BIN:-target/release/sluice} run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/sluice.err" & sp=$!
   out=$(python3 - "$ADMIN" "$COUNT" "$sp" "$mpid" "$(getconf CLK_TCK)" <<'PY'
 import sys, time, urllib.request
 port, count, sp, bp, tck = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])

@@ -95,7 +95,7 @@ for round in $(seq 1 "$ROUNDS"); do
     LCPU[$s]+="$(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' <<<"$out") "
     RPS[$s]+="$(awk '/Requests\/sec/ {print $2}' <<<"$out") "
     P99[$s]+="$(awk '$1=="99%" {print $2}' <<<"$out") "
-    NON2XX[$s]+="$(awk '/Non-2xx/ {n=$4} END {print n+0}' <<<"$out") "
+    NON2XX[$s]+="$(awk '/Non-2xx/ {n=$5} END {print n+0}' <<<"$out") "
     RSS[$s]+="$(awk '/VmHWM/ {printf "%.1f", $2/1024}' "/proc/$pid/status") "
     stop
   done

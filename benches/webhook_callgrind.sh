@@ -34,6 +34,8 @@ count() {
   local name=$1 slug=$2; shift 2
   RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.$slug" "$@" >/dev/null 2>"$work/vg.$slug" &
   local pid=$!
+  # Under valgrind start-up takes seconds: wait up to a minute for the port.
+  for _ in $(seq 1 600); do (echo > /dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
   wait_port $PORT
   sleep 1
   callgrind_control -i on "$pid" >/dev/null 2>&1
@@ -42,8 +44,12 @@ count() {
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   local reqs ir non
   reqs=$(awk '/requests in/ {print $1}' <<<"$out")
-  non=$(awk '/Non-2xx/ {print $4}' <<<"$out")
+  non=$(awk '/Non-2xx/ {print $5}' <<<"$out")
   ir=$(callgrind_annotate "$work/cg.$slug" 2>/dev/null | awk '/PROGRAM TOTALS/ && !d {gsub(",","",$1); print $1; d=1}')
+  if [ -z "$reqs" ] || [ "$reqs" = 0 ] || [ -z "$ir" ]; then
+    echo "$name: no requests or no callgrind total; wrk said:" >&2; echo "$out" >&2
+    tail -5 "$work/vg.$slug" >&2; exit 1
+  fi
   echo "| $name | $reqs | ${non:-0} | $((ir / reqs)) |"
 }
 echo "| server | requests | non-2xx | instructions per request |"

@@ -24,10 +24,10 @@ pub enum Mode {
     Batched,
 }
 
-/// Every byte the binding says must be percent-encoded (non-ASCII is always encoded).
 /// Built once: a `&str` key would be parsed and lowercased on every lookup.
 static CE_SPECVERSION: HeaderName = HeaderName::from_static("ce-specversion");
 
+/// Every byte the binding says must be percent-encoded (non-ASCII is always encoded).
 const HEADER_ENCODE: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
 
 /// What a request's headers say it carries.

@@ -189,8 +189,6 @@ pub(crate) fn token_matches(tokens: &[Secret], given: &[u8]) -> bool {
     ok.into()
 }
 
-/// The value of a header sent at most once. Two copies of a header that decides verification
-/// are refused rather than guessed between.
 /// A header name as the helpers below take it: a `&str` (parsed and lowercased at each lookup)
 /// or a prebuilt `&HeaderName` (hashed only), for the headers read on every request.
 pub(crate) trait Name: http::header::AsHeaderName + Copy + std::fmt::Display {}
@@ -198,6 +196,8 @@ impl Name for &str {}
 impl Name for &http::HeaderName {}
 impl Name for &String {}
 
+/// The value of a header sent at most once. Two copies of a header that decides verification
+/// are refused rather than guessed between.
 pub(crate) fn single(headers: &HeaderMap, name: impl Name) -> Result<Option<&str>, Refusal> {
     let mut all = headers.get_all(name).iter();
     let Some(first) = all.next() else {
