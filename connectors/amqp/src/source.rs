@@ -222,7 +222,7 @@ impl AmqpSource {
             .filter(|s| !s.is_empty());
         let (id, fresh) = match msg_id {
             Some(id) => (id.to_owned(), false),
-            None => (uuid_v7(), true),
+            None => (sluice_core::event::new_event_id(), true),
         };
         if self.cfg.format == Format::Argo {
             let s = |v: &Option<ShortString>| {
@@ -551,8 +551,4 @@ impl AmqpSource {
         s.not_acked.insert(h.tag);
         s.marks.delivered(h.tag);
     }
-}
-
-fn uuid_v7() -> String {
-    sluice_core::event::new_event_id()
 }
