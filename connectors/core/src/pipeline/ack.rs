@@ -4,11 +4,15 @@
 //! holds a [`Delivery`]; when the last one reports, the unit resolves once with the worst status
 //! (Rejected > Failed > Delivered). A `Delivery` dropped without a report counts as Failed, so an
 //! event can never be acknowledged upstream by accident.
+//!
+//! The unit is also the channel its source waits on: the outcome is kept in the state block and
+//! the source's waker is woken, with no separate oneshot allocation per unit.
 
 use std::sync::{Arc, Mutex};
+use std::task::Waker;
 use std::time::Instant;
 
-use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::dedup::Dedup;
 use super::queue::{DeadLetter, SinkShared};
@@ -69,7 +73,11 @@ struct UnitState {
     pending: usize,
     reason: Option<String>,
     duplicates: usize,
-    tx: Option<oneshot::Sender<Outcome>>,
+    /// Set once, when the last report came in; taken by [`super::Pending`].
+    outcome: Option<Outcome>,
+    fired: bool,
+    /// The task waiting for the outcome, if it polled before the unit settled.
+    waker: Option<Waker>,
 }
 
 pub(crate) struct Unit {
@@ -81,12 +89,7 @@ pub(crate) struct Unit {
 }
 
 impl Unit {
-    pub(crate) fn new(
-        events: usize,
-        dedup: Option<Arc<Dedup>>,
-        origin: Arc<str>,
-    ) -> (Arc<Unit>, oneshot::Receiver<Outcome>) {
-        let (tx, rx) = oneshot::channel();
+    pub(crate) fn new(events: usize, dedup: Option<Arc<Dedup>>, origin: Arc<str>) -> Arc<Unit> {
         let states = (0..events)
             .map(|_| EventState {
                 key: None,
@@ -94,19 +97,39 @@ impl Unit {
                 status: Status::Delivered,
             })
             .collect();
-        let unit = Arc::new(Unit {
+        Arc::new(Unit {
             state: Mutex::new(UnitState {
                 events: states,
                 pending: 1,
                 reason: None,
                 duplicates: 0,
-                tx: Some(tx),
+                outcome: None,
+                fired: false,
+                waker: None,
             }),
             started: Instant::now(),
             dedup,
             origin,
-        });
-        (unit, rx)
+        })
+    }
+
+    /// The outcome once the unit settled (taken: the first call gets it); otherwise `cx`'s
+    /// waker is kept and woken when it settles.
+    pub(crate) fn poll_outcome(&self, cx: &std::task::Context<'_>) -> Option<Outcome> {
+        let mut st = self.lock();
+        if st.fired {
+            return Some(st.outcome.take().unwrap_or_else(|| Outcome {
+                status: Status::Failed,
+                reason: Some("the outcome was already taken".into()),
+                events: 0,
+                duplicates: 0,
+            }));
+        }
+        match &st.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => st.waker = Some(cx.waker().clone()),
+        }
+        None
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, UnitState> {
@@ -146,6 +169,23 @@ impl Unit {
         }
     }
 
+    /// Ends event `idx` when no delivery holds it (a full `drop_newest` queue dropped it, or its
+    /// sink is not running): its dedup entry is kept (delivered) or forgotten, as a last report
+    /// would.
+    pub(crate) fn close_event(&self, idx: usize) {
+        let st = self.lock();
+        let ev = &st.events[idx];
+        if ev.pending != 0 {
+            return;
+        }
+        if let (Some((key, at)), Some(dedup)) = (ev.key, &self.dedup) {
+            match ev.status {
+                Status::Delivered => dedup.confirm(key, at),
+                _ => dedup.forget(key, at),
+            }
+        }
+    }
+
     /// Adds one outstanding report for event `idx` (a delivery, or the routing hold).
     pub(crate) fn hold(&self, idx: usize) {
         let mut st = self.lock();
@@ -175,8 +215,14 @@ impl Unit {
             }
         }
         st.pending -= 1;
-        if st.pending == 0 {
-            Self::fire(&mut st);
+        let waker = if st.pending == 0 {
+            Self::fire(&mut st)
+        } else {
+            None
+        };
+        drop(st);
+        if let Some(w) = waker {
+            w.wake();
         }
     }
 
@@ -184,30 +230,40 @@ impl Unit {
     fn end_routing(&self) {
         let mut st = self.lock();
         st.pending -= 1;
-        if st.pending == 0 {
-            Self::fire(&mut st);
+        let waker = if st.pending == 0 {
+            Self::fire(&mut st)
+        } else {
+            None
+        };
+        drop(st);
+        if let Some(w) = waker {
+            w.wake();
         }
     }
 
-    fn fire(st: &mut UnitState) {
+    /// Records the unit's outcome; returns the waker to wake once the lock is released.
+    fn fire(st: &mut UnitState) -> Option<Waker> {
+        if st.fired {
+            return None;
+        }
         let status = st
             .events
             .iter()
             .map(|e| e.status)
             .max()
             .unwrap_or(Status::Delivered);
-        if let Some(tx) = st.tx.take() {
-            let _ = tx.send(Outcome {
-                status,
-                reason: if status == Status::Delivered {
-                    None
-                } else {
-                    st.reason.take()
-                },
-                events: st.events.len(),
-                duplicates: st.duplicates,
-            });
-        }
+        st.outcome = Some(Outcome {
+            status,
+            reason: if status == Status::Delivered {
+                None
+            } else {
+                st.reason.take()
+            },
+            events: st.events.len(),
+            duplicates: st.duplicates,
+        });
+        st.fired = true;
+        st.waker.take()
     }
 }
 

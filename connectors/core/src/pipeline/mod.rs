@@ -17,8 +17,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-
 pub use ack::{
     Delivery, Outcome, Status, DEAD_LETTER_REASON, DEAD_LETTER_SINK, DEAD_LETTER_STATUS,
 };
@@ -30,7 +28,7 @@ use crate::event::Event;
 use crate::telemetry::SourceTelemetry;
 use ack::{RoutingGuard, Unit};
 use dedup::{Check, Dedup};
-use queue::SinkQueue;
+use queue::{Pushed, SinkQueue};
 use wiring::{Match, Unrouted};
 
 /// Per source: the routes that start at it; `static_targets` when none of them filters.
@@ -90,7 +88,10 @@ impl SourceSender {
     /// (that wait is the backpressure). Returns once every event is queued, deduplicated or
     /// settled; the returned [`Pending`] resolves when all of them are delivered or failed.
     pub async fn send(&self, events: Vec<Event>) -> Pending {
-        self.dispatch(events, SendOptions::default()).await
+        match self.start(events, SendOptions::default(), None) {
+            Ok(p) => p,
+            Err(blocked) => blocked.await,
+        }
     }
 
     /// [`SourceSender::send`] with a bound on the wait for queue space. On `Err(Overloaded)`
@@ -117,18 +118,17 @@ impl SourceSender {
         events: Vec<Event>,
         opts: SendOptions,
     ) -> Result<Pending, Overloaded> {
-        let send = self.dispatch(events, opts);
-        let Some(timeout) = opts.timeout else {
-            return Ok(send.await);
+        // With room in the queues everything is queued here, without a future or a timer.
+        let blocked = match self.start(events, opts, None) {
+            Ok(p) => return Ok(p),
+            Err(b) => b,
         };
-        tokio::pin!(send);
-        // Fast path: with room in the queues the send completes at once, and no timer is armed.
-        if let Some(p) = futures_util::FutureExt::now_or_never(send.as_mut()) {
-            return Ok(p);
+        match opts.timeout {
+            None => Ok(blocked.await),
+            Some(t) => tokio::time::timeout(t, blocked)
+                .await
+                .map_err(|_| Overloaded),
         }
-        tokio::time::timeout(timeout, send)
-            .await
-            .map_err(|_| Overloaded)
     }
 
     /// The queue named `name` (a sink or processor) when this stage may address it
@@ -151,7 +151,8 @@ impl SourceSender {
     pub async fn send_to(&self, target: Target, events: Vec<Event>) -> Pending {
         if target.stage != self.source {
             // A target resolved by another stage's sender: refused, never queued.
-            let (unit, rx) = Unit::new(events.len(), None, self.name.clone());
+            let unit = Unit::new(events.len(), None, self.name.clone());
+            let pending = Pending::new(unit.clone(), None);
             let guard = RoutingGuard::new(unit);
             for idx in 0..events.len() {
                 guard.unit.settle(
@@ -162,113 +163,95 @@ impl SourceSender {
                 );
             }
             guard.finish();
-            return Pending { rx, deadline: None };
+            return pending;
         }
-        self.dispatch_to(events, SendOptions::default(), Some(target.queue))
-            .await
+        match self.start(events, SendOptions::default(), Some(target.queue)) {
+            Ok(p) => p,
+            Err(blocked) => blocked.await,
+        }
     }
 
-    async fn dispatch(&self, events: Vec<Event>, opts: SendOptions) -> Pending {
-        self.dispatch_to(events, opts, None).await
-    }
-
-    async fn dispatch_to(
+    /// Routes and queues a unit's events as far as the queues have room now. `Ok`: all of them
+    /// are queued (or settled); `Err`: a `block` queue was full, and the returned future queues
+    /// the rest, waiting for room (dropping it fails what was not queued).
+    fn start(
         &self,
         events: Vec<Event>,
         opts: SendOptions,
         target: Option<usize>,
-    ) -> Pending {
+    ) -> Result<Pending, Blocked<'_>> {
         let n = events.len();
         let dedup = match (opts.skip_dedup, self.dedup_seed, &self.pipeline.dedup) {
             (false, Some(seed), Some(d)) => Some((d, seed)),
             _ => None,
         };
-        let (unit, rx) = Unit::new(n, dedup.map(|(d, _)| d.clone()), self.name.clone());
-        let mut guard = RoutingGuard::new(unit);
+        let unit = Unit::new(n, dedup.map(|(d, _)| d.clone()), self.name.clone());
+        let pending = Pending::new(unit.clone(), opts.deadline);
+        let r = Routing {
+            guard: RoutingGuard::new(unit),
+            dedup,
+            target,
+            targets: Vec::new(),
+        };
         self.telemetry.received.increment(n as u64);
-        let mut targets = Vec::new();
-        for (idx, event) in events.into_iter().enumerate() {
-            if let Some(t) = target {
-                targets.clear();
-                targets.push(t);
-            }
-            self.route_one(
-                &mut guard,
-                &mut targets,
-                dedup,
-                idx,
-                event,
-                target.is_some(),
-            )
-            .await;
-        }
-        guard.finish();
-        Pending {
-            rx,
-            deadline: opts.deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
-        }
+        continue_start(self, r, pending, events.into_iter().enumerate())
     }
 
-    async fn route_one(
-        &self,
-        guard: &mut RoutingGuard,
-        targets: &mut Vec<usize>,
-        dedup: Option<(&Arc<Dedup>, u64)>,
-        idx: usize,
-        event: Event,
-        addressed: bool,
-    ) {
+    /// Routing and dedup of event `idx`. Returns true when the event must be queued (the
+    /// queues are in `r.list`), false when it was settled here (unrouted, a duplicate).
+    fn route(&self, r: &mut Routing<'_>, idx: usize, event: &Event) -> bool {
         let p = &*self.pipeline;
         // Route first: an unrouted event records nothing in the dedup window, so a later copy
         // that a route takes is not mistaken for an already delivered one.
         let routes = &p.routes[self.source];
-        let list: &[usize] = match &routes.static_targets {
-            _ if addressed => targets,
-            Some(t) => t,
-            None => {
-                targets.clear();
+        let any = match (r.target, &routes.static_targets) {
+            (Some(_), _) => true,
+            (None, Some(t)) => !t.is_empty(),
+            (None, None) => {
+                r.targets.clear();
                 for (m, to) in &routes.routes {
-                    if m.iter().all(|m| m.matches(&event)) {
-                        targets.extend_from_slice(to);
+                    if m.iter().all(|m| m.matches(event)) {
+                        r.targets.extend_from_slice(to);
                     }
                 }
-                targets.sort_unstable();
-                targets.dedup();
-                targets
+                r.targets.sort_unstable();
+                r.targets.dedup();
+                !r.targets.is_empty()
             }
         };
-        if list.is_empty() {
+        let unit = &r.guard.unit;
+        if !any {
             self.telemetry.unrouted.increment(1);
             if p.unrouted == Unrouted::Reject {
-                guard.unit.settle(
+                unit.settle(
                     idx,
                     Status::Rejected,
                     Some("no route takes this event".into()),
                     false,
                 );
             }
-            return;
+            return false;
         }
-        if let Some((dedup, seed)) = dedup {
+        if let Some((dedup, seed)) = r.dedup {
             let key = dedup.key(seed, &event.source, &event.id);
             let now = dedup::now_ms();
             match dedup.check_at(key, now) {
-                Check::New => guard.unit.set_key(idx, key, now),
+                Check::New => unit.set_key(idx, key, now),
                 Check::Delivered => {
                     self.telemetry.deduplicated.increment(1);
-                    guard.unit.settle(idx, Status::Delivered, None, true);
-                    return;
+                    unit.settle(idx, Status::Delivered, None, true);
+                    return false;
                 }
                 // A repeat inside this unit (a batch carrying one id twice): the first copy's
                 // outcome is this unit's outcome too, so the repeat is a plain duplicate.
-                Check::InFlight if guard.unit.recorded(key) => {
+                Check::InFlight if unit.recorded(key) => {
                     self.telemetry.deduplicated.increment(1);
-                    guard.unit.settle(idx, Status::Delivered, None, true);
-                    return;
+                    unit.settle(idx, Status::Delivered, None, true);
+                    return false;
                 }
                 Check::InFlight => {
                     self.telemetry.deduplicated.increment(1);
-                    guard.unit.settle(
+                    unit.settle(
                         idx,
                         Status::InFlight,
                         Some(format!(
@@ -277,18 +260,11 @@ impl SourceSender {
                         )),
                         true,
                     );
-                    return;
+                    return false;
                 }
             }
         }
-        guard.begin_event(idx);
-        if let Some((&last, rest)) = list.split_last() {
-            for &sink in rest {
-                p.sinks[sink].push(event.clone(), &guard.unit, idx).await;
-            }
-            p.sinks[last].push(event, &guard.unit, idx).await;
-        }
-        guard.end_event();
+        true
     }
 
     /// This source's standard counters.
@@ -305,22 +281,176 @@ pub struct Target {
     queue: usize,
 }
 
+/// A unit's routing state while its events are queued.
+struct Routing<'a> {
+    guard: RoutingGuard,
+    dedup: Option<(&'a Arc<Dedup>, u64)>,
+    /// An addressed queue ([`SourceSender::send_to`]): every event goes there, past the routes.
+    target: Option<usize>,
+    /// The queues of the current event when routes filter.
+    targets: Vec<usize>,
+}
+
+/// The queues the current event goes to (after [`SourceSender::route`] said it goes): the
+/// addressed one, the source's static list, or what the filtering routes chose.
+fn queues_of<'p>(
+    target: &'p Option<usize>,
+    targets: &'p [usize],
+    p: &'p Pipeline,
+    source: usize,
+) -> &'p [usize] {
+    match (target, &p.routes[source].static_targets) {
+        (Some(t), _) => std::slice::from_ref(t),
+        (None, Some(t)) => t,
+        (None, None) => targets,
+    }
+}
+
+type Events = std::iter::Enumerate<std::vec::IntoIter<Event>>;
+
+/// Continues [`SourceSender::start`] after the event before `events` was queued.
+fn continue_start<'a>(
+    s: &'a SourceSender,
+    mut r: Routing<'a>,
+    pending: Pending,
+    mut events: Events,
+) -> Result<Pending, Blocked<'a>> {
+    while let Some((idx, event)) = events.next() {
+        if !s.route(&mut r, idx, &event) {
+            continue;
+        }
+        let p = &*s.pipeline;
+        let list = queues_of(&r.target, &r.targets, p, s.source);
+        if let [q] = *list {
+            // One queue: nothing to hold while it is pushed, unless it has to wait.
+            match p.sinks[q].try_push(event, &r.guard.unit, idx) {
+                Ok(Pushed::Queued) => continue,
+                // No delivery holds it: end it here (its dedup entry).
+                Ok(Pushed::Dropped | Pushed::Failed) => {
+                    r.guard.unit.close_event(idx);
+                    continue;
+                }
+                Err(ev) => {
+                    r.guard.begin_event(idx);
+                    return Err(Blocked::new(s, r, pending, events, idx, ev, vec![q], None));
+                }
+            }
+        }
+        // Several: the event is held until every queue has it, so that one sink's quick
+        // delivery does not settle it (and its dedup entry) before the others got it.
+        r.guard.begin_event(idx);
+        let mut original = Some(event);
+        for (i, &q) in list.iter().enumerate() {
+            let last = i + 1 == list.len();
+            let ev = if last {
+                original
+                    .take()
+                    .expect("the original is kept for the last queue")
+            } else {
+                original
+                    .as_ref()
+                    .expect("kept until the last queue")
+                    .clone()
+            };
+            if let Err(ev) = p.sinks[q].try_push(ev, &r.guard.unit, idx) {
+                let rest = list[i..].to_vec();
+                return Err(Blocked::new(s, r, pending, events, idx, ev, rest, original));
+            }
+        }
+        r.guard.end_event();
+    }
+    r.guard.finish();
+    Ok(pending)
+}
+
+/// The rest of a unit whose events did not all find room at once: queues them, waiting for
+/// room, and resolves to the unit's [`Pending`]. Dropped before it finished (a send timeout),
+/// the event being queued fails and the unit resolves with what was queued failing too.
+pub(crate) struct Blocked<'a> {
+    fut: Pin<Box<dyn Future<Output = Pending> + Send + 'a>>,
+}
+
+impl<'a> Blocked<'a> {
+    /// `ev` is event `idx`'s copy for `queues[0]`; `original` is the event for the queues after
+    /// it (`None` when `queues[0]` is the last).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        s: &'a SourceSender,
+        mut r: Routing<'a>,
+        pending: Pending,
+        events: Events,
+        idx: usize,
+        ev: Event,
+        queues: Vec<usize>,
+        original: Option<Event>,
+    ) -> Self {
+        // Resolves to the unit's `Pending` (itself a future) once everything is queued.
+        #[allow(clippy::async_yields_async)]
+        let fut = async move {
+            let p = &*s.pipeline;
+            p.sinks[queues[0]].push(ev, &r.guard.unit, idx).await;
+            push_all(p, &r.guard, idx, &queues[1..], original).await;
+            r.guard.end_event();
+            for (idx, event) in events {
+                if !s.route(&mut r, idx, &event) {
+                    continue;
+                }
+                let list = queues_of(&r.target, &r.targets, p, s.source).to_vec();
+                r.guard.begin_event(idx);
+                push_all(p, &r.guard, idx, &list, Some(event)).await;
+                r.guard.end_event();
+            }
+            r.guard.finish();
+            pending
+        };
+        Blocked { fut: Box::pin(fut) }
+    }
+}
+
+/// Queues `event` (when given) to each of `queues`, a copy to all but the last.
+async fn push_all(
+    p: &Pipeline,
+    guard: &RoutingGuard,
+    idx: usize,
+    queues: &[usize],
+    event: Option<Event>,
+) {
+    let Some(event) = event else { return };
+    if let Some((&last, rest)) = queues.split_last() {
+        for &q in rest {
+            p.sinks[q].push(event.clone(), &guard.unit, idx).await;
+        }
+        p.sinks[last].push(event, &guard.unit, idx).await;
+    }
+}
+
+impl Future for Blocked<'_> {
+    type Output = Pending;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Pending> {
+        self.fut.as_mut().poll(cx)
+    }
+}
+
 /// Resolves to the [`Outcome`] of one inbound unit.
 pub struct Pending {
-    rx: oneshot::Receiver<Outcome>,
+    unit: Arc<Unit>,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Pending {
+    fn new(unit: Arc<Unit>, deadline: Option<tokio::time::Instant>) -> Self {
+        Pending {
+            unit,
+            deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+        }
+    }
 }
 
 impl Future for Pending {
     type Output = Outcome;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
-        if let Poll::Ready(r) = Pin::new(&mut self.rx).poll(cx) {
-            return Poll::Ready(r.unwrap_or_else(|_| Outcome {
-                status: Status::Failed,
-                reason: Some("the pipeline stopped before the events were settled".into()),
-                events: 0,
-                duplicates: 0,
-            }));
+        if let Some(o) = self.unit.poll_outcome(cx) {
+            return Poll::Ready(o);
         }
         let lapsed = match self.deadline.as_mut() {
             Some(d) => d.as_mut().poll(cx).is_ready(),
@@ -622,6 +752,93 @@ mod tests {
             .unwrap();
         b.inputs[0].recv().await.unwrap().delivery.delivered();
         assert!(p2.await.is_delivered());
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_meets_a_full_queue_midway_waits_and_keeps_its_order() {
+        // a holds one event, b ten: the second event of the batch finds a full.
+        let mut b = build(&spec(
+            &[("a", 1, WhenFull::Block), ("b", 10, WhenFull::Block)],
+            all_to(vec![0, 1]),
+        ));
+        let s = b.senders[0].clone();
+        // The send waits for room on its own task; its result is the unit's `Pending`.
+        #[allow(clippy::async_yields_async)]
+        let send = tokio::spawn(async move { s.send(vec![ev("1"), ev("2"), ev("3")]).await });
+        let mut got = Vec::new();
+        let mut items = Vec::new();
+        for _ in 0..3 {
+            let item = tokio::time::timeout(Duration::from_secs(2), b.inputs[0].recv())
+                .await
+                .expect("a gets each event once room appears")
+                .unwrap();
+            got.push(item.event.id.clone());
+            items.push(item.delivery);
+        }
+        assert_eq!(got, ["1", "2", "3"]);
+        let pending = send.await.unwrap();
+        let mut ids = Vec::new();
+        while let Some(item) = b.inputs[1].try_recv() {
+            ids.push(item.event.id.clone());
+            item.delivery.delivered();
+        }
+        assert_eq!(ids, ["1", "2", "3"], "b got a copy of each, in order");
+        let mut pending = Box::pin(pending);
+        assert!(futures_util::poll!(pending.as_mut()).is_pending());
+        items.into_iter().for_each(Delivery::delivered);
+        let out = pending.await;
+        assert_eq!((out.status, out.events), (Status::Delivered, 3));
+    }
+
+    #[tokio::test]
+    async fn a_unit_given_up_while_blocked_fails_although_some_copies_were_queued() {
+        // The copy for a is queued, b (one slot, taken) has no room for the original.
+        let mut b = build(&spec(
+            &[("a", 10, WhenFull::Block), ("b", 1, WhenFull::Block)],
+            all_to(vec![0, 1]),
+        ));
+        let s = b.senders[0].clone();
+        let p1 = s.send(vec![ev("1")]).await;
+        let r = s
+            .send_timeout(vec![ev("2")], Duration::from_millis(50))
+            .await;
+        assert!(r.is_err(), "b is full");
+        for input in &mut b.inputs {
+            while let Some(item) = input.try_recv() {
+                item.delivery.delivered();
+            }
+        }
+        assert!(p1.await.is_delivered());
+        // The copy a got was delivered, but the unit was given up: its dedup entry is gone,
+        // so the retry is forwarded to both sinks again.
+        let p2 = s.send(vec![ev("2")]).await;
+        for input in &mut b.inputs {
+            let item = input.try_recv().expect("the retry reaches every sink");
+            assert_eq!(item.event.id, "2");
+            item.delivery.delivered();
+        }
+        let out = p2.await;
+        assert_eq!((out.status, out.duplicates), (Status::Delivered, 0));
+    }
+
+    #[tokio::test]
+    async fn an_event_dropped_or_failed_without_a_delivery_ends_its_dedup_entry() {
+        // One drop_newest queue of one slot: "2" is dropped by policy (answered delivered), so a
+        // copy of it is a duplicate, not "still being delivered".
+        let mut b = build(&spec(&[("a", 1, WhenFull::DropNewest)], all_to(vec![0])));
+        let s = b.senders[0].clone();
+        let p1 = s.send(vec![ev("1")]).await;
+        assert!(s.send(vec![ev("2")]).await.await.is_delivered());
+        let again = s.send(vec![ev("2")]).await.await;
+        assert_eq!((again.status, again.duplicates), (Status::Delivered, 1));
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        assert!(p1.await.is_delivered());
+        // A sink that is gone fails the event, and its retry is tried again (not a duplicate).
+        drop(b.inputs.remove(0));
+        for _ in 0..2 {
+            let out = s.send(vec![ev("3")]).await.await;
+            assert_eq!((out.status, out.duplicates), (Status::Failed, 0));
+        }
     }
 
     #[tokio::test]

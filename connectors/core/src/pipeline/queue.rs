@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use super::ack::{Delivery, Status, Unit};
 use crate::event::Event;
@@ -20,6 +20,17 @@ pub enum WhenFull {
     /// Drop the new event for this sink and count it (`sluice_events_dropped_total`). The
     /// event does not count as failed: choose this only for sinks that may lose events.
     DropNewest,
+}
+
+/// What [`SinkQueue::try_push`] did with an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// In the queue: its delivery reports it.
+    Queued,
+    /// Dropped by a full `drop_newest` queue: a policy, not settled.
+    Dropped,
+    /// Settled as failed: the sink is not running.
+    Failed,
 }
 
 pub(crate) struct SinkShared {
@@ -190,84 +201,107 @@ impl SinkQueue {
         }));
     }
 
-    /// Queues `event` for this sink on behalf of event `idx` of `unit`. Cancel-safe: permits
-    /// taken before a cancellation are returned, and the delivery ticket exists only once the
-    /// event is in the queue. Returns false when a full `drop_newest` queue dropped the event
-    /// (a policy, not settled); true when the event is queued or settled as failed.
-    pub(crate) async fn push(&self, event: Event, unit: &Arc<Unit>, idx: usize) -> bool {
-        // An event larger than a bound still passes, alone, when the queue is empty.
+    /// The bytes `event` takes in this queue and in the memory budget. An event larger than a
+    /// bound still passes, alone, when the queue is empty.
+    fn sizes(&self, event: &Event) -> (u32, u32) {
         let size = (event.approx_size().min(u32::MAX as usize) as u32).min(self.max_bytes);
-        let gsize = size.min(self.budget_max);
+        (size, size.min(self.budget_max))
+    }
+
+    /// Queues `event` without waiting: the common case, with no future to set up. `Err` hands
+    /// the event back when a `block` queue has no room right now (then [`SinkQueue::push`]
+    /// waits for it).
+    #[allow(clippy::result_large_err)] // the event itself is handed back, not an error
+    pub(crate) fn try_push(
+        &self,
+        event: Event,
+        unit: &Arc<Unit>,
+        idx: usize,
+    ) -> Result<Pushed, Event> {
+        let (size, gsize) = self.sizes(&event);
         let t = &self.shared.telemetry;
-        let reserved = match self.when_full {
-            WhenFull::Block => {
-                // Try without waiting first: the common case, and no futures to set up.
-                let p1 = match self.bytes.clone().try_acquire_many_owned(size) {
-                    Ok(p) => Ok(p),
-                    Err(_) => self.bytes.clone().acquire_many_owned(size).await,
-                };
-                let p2 = match self.budget.clone().try_acquire_many_owned(gsize) {
-                    Ok(p) => Ok(p),
-                    Err(_) => self.budget.clone().acquire_many_owned(gsize).await,
-                };
-                match (p1, p2, self.tx.reserve().await) {
-                    (Ok(p1), Ok(p2), Ok(slot)) => Some((p1, p2, slot)),
-                    _ => None,
+        let p1 = self.bytes.clone().try_acquire_many_owned(size);
+        let p2 = self.budget.clone().try_acquire_many_owned(gsize);
+        match (p1, p2) {
+            (Ok(p1), Ok(p2)) => match self.tx.try_reserve() {
+                Ok(slot) => {
+                    self.enqueue(slot, (p1, p2), event, unit, idx);
+                    Ok(Pushed::Queued)
                 }
-            }
-            WhenFull::DropNewest => {
-                let p1 = self.bytes.clone().try_acquire_many_owned(size);
-                let p2 = self.budget.clone().try_acquire_many_owned(gsize);
-                match (p1, p2) {
-                    (Ok(p1), Ok(p2)) => match self.tx.try_reserve() {
-                        Ok(slot) => Some((p1, p2, slot)),
-                        Err(mpsc::error::TrySendError::Full(())) => {
-                            t.dropped_full.increment(1);
-                            return false;
-                        }
-                        Err(mpsc::error::TrySendError::Closed(())) => None,
-                    },
-                    _ if self.tx.is_closed() => None,
-                    _ => {
-                        t.dropped_full.increment(1);
-                        return false;
-                    }
+                Err(mpsc::error::TrySendError::Closed(())) => {
+                    self.not_running(unit, idx);
+                    Ok(Pushed::Failed)
                 }
+                Err(mpsc::error::TrySendError::Full(())) if self.when_full == WhenFull::Block => {
+                    Err(event)
+                }
+                Err(mpsc::error::TrySendError::Full(())) => {
+                    t.dropped_full.increment(1);
+                    Ok(Pushed::Dropped)
+                }
+            },
+            _ if self.when_full == WhenFull::Block => Err(event),
+            _ if self.tx.is_closed() => {
+                self.not_running(unit, idx);
+                Ok(Pushed::Failed)
             }
-        };
-        match reserved {
-            Some((p1, p2, slot)) => {
-                // Only a sink with a dead-letter target pays for a copy of the event (its data
-                // is shared, not copied).
-                let dead_letter = self
-                    .dead_letter
-                    .as_ref()
-                    .map(|d| Box::new((d.clone(), event.clone())));
-                let delivery = Delivery::new(
-                    unit.clone(),
-                    idx,
-                    self.shared.clone(),
-                    (p1, p2),
-                    dead_letter,
-                );
-                t.queue_events.increment(1.0);
-                slot.send(SinkItem { event, delivery });
-                true
-            }
-            None => {
-                t.failures.increment(1);
-                unit.settle(
-                    idx,
-                    Status::Failed,
-                    Some(format!(
-                        "sink {} is not running; check its log lines and /readyz",
-                        self.shared.name
-                    )),
-                    false,
-                );
-                true
+            _ => {
+                t.dropped_full.increment(1);
+                Ok(Pushed::Dropped)
             }
         }
+    }
+
+    /// Queues `event` for this sink on behalf of event `idx` of `unit`, waiting for room in a
+    /// `block` queue. Cancel-safe: permits taken before a cancellation are returned, and the
+    /// delivery ticket exists only once the event is in the queue. Returns false when a full
+    /// `drop_newest` queue dropped the event (a policy, not settled); true when the event is
+    /// queued or settled as failed.
+    pub(crate) async fn push(&self, event: Event, unit: &Arc<Unit>, idx: usize) -> bool {
+        let event = match self.try_push(event, unit, idx) {
+            Ok(pushed) => return pushed != Pushed::Dropped,
+            Err(event) => event,
+        };
+        // Only a `block` queue without room gets here.
+        let (size, gsize) = self.sizes(&event);
+        let p1 = self.bytes.clone().acquire_many_owned(size).await;
+        let p2 = self.budget.clone().acquire_many_owned(gsize).await;
+        match (p1, p2, self.tx.reserve().await) {
+            (Ok(p1), Ok(p2), Ok(slot)) => self.enqueue(slot, (p1, p2), event, unit, idx),
+            _ => self.not_running(unit, idx),
+        }
+        true
+    }
+
+    fn enqueue(
+        &self,
+        slot: mpsc::Permit<'_, SinkItem>,
+        permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+        event: Event,
+        unit: &Arc<Unit>,
+        idx: usize,
+    ) {
+        // Only a sink with a dead-letter target pays for a copy of the event (its data is
+        // shared, not copied).
+        let dead_letter = self
+            .dead_letter
+            .as_ref()
+            .map(|d| Box::new((d.clone(), event.clone())));
+        let delivery = Delivery::new(unit.clone(), idx, self.shared.clone(), permits, dead_letter);
+        slot.send(SinkItem { event, delivery });
+    }
+
+    fn not_running(&self, unit: &Arc<Unit>, idx: usize) {
+        self.shared.telemetry.failures.increment(1);
+        unit.settle(
+            idx,
+            Status::Failed,
+            Some(format!(
+                "sink {} is not running; check its log lines and /readyz",
+                self.shared.name
+            )),
+            false,
+        );
     }
 }
 
@@ -430,7 +464,8 @@ mod tests {
         );
         let slot = q.tx.reserve().await.unwrap();
         drop(input);
-        let (unit, rx) = Unit::new(1, None, "test".into());
+        let unit = Unit::new(1, None, "test".into());
+        let pending = crate::pipeline::Pending::new(unit.clone(), None);
         let p1 = q.bytes.clone().try_acquire_many_owned(10).unwrap();
         let p2 = budget.try_acquire_many_owned(10).unwrap();
         let delivery = Delivery::new(unit.clone(), 0, q.shared.clone(), (p1, p2), None);
@@ -439,10 +474,9 @@ mod tests {
             delivery,
         });
         super::super::ack::RoutingGuard::new(unit).finish();
-        let out = tokio::time::timeout(std::time::Duration::from_secs(1), rx)
+        let out = tokio::time::timeout(std::time::Duration::from_secs(1), pending)
             .await
-            .expect("settled at once, not when the last sender goes")
-            .unwrap();
+            .expect("settled at once, not when the last sender goes");
         assert_eq!(out.status, Status::Failed);
         drop(q);
     }
