@@ -274,7 +274,9 @@ async fn handle_route(
     let events = if let Some(p) = &route.provider {
         match provider_event(route, &**p, &parts.headers, &body, peer) {
             Ok(Verdict::Event { event, fresh }) => {
-                finish(route, &parts.headers, event, fresh).map(|(e, fresh)| (vec![e], fresh))
+                let found = find_headers(&[], &parts.headers);
+                finish(route, &found, &parts.headers, event, fresh)
+                    .map(|(e, fresh)| (vec![e], fresh))
             }
             Ok(Verdict::Reply(status, body)) => return reply(status, body),
             Ok(Verdict::Filtered) => {
@@ -429,57 +431,98 @@ fn value_str(v: &HeaderValue) -> Option<&str> {
     v.to_str().ok().map(str::trim).filter(|s| !s.is_empty())
 }
 
-/// Requests with at most this many header values are searched for `id_headers` in one pass.
+/// Requests with at most this many header values are searched in one pass.
 const ID_SCAN_MAX: usize = 12;
 
-/// The value of the first of `ids` (in their order) that `headers` carries non-empty, judged
-/// by that header's first value, as [`HeaderMap::get`] returns it. A request with few headers
-/// (most) is read in one pass, cheaper than a hashed lookup per id header.
-fn id_from_headers<'a>(ids: &[HeaderName], headers: &'a HeaderMap) -> Option<&'a str> {
-    if ids.is_empty() {
-        return None;
+/// The headers a generated event is made from, each by its first value as [`HeaderMap::get`]
+/// returns it.
+#[derive(Default)]
+struct Found<'a> {
+    /// The first of `id_headers` (in their order) the request carries non-empty.
+    id: Option<&'a str>,
+    content_type: Option<&'a HeaderValue>,
+    traceparent: Option<&'a HeaderValue>,
+    tracestate: Option<&'a HeaderValue>,
+}
+
+/// Finds `ids`, Content-Type and the tracing headers. A request with few headers (most) is
+/// read in one pass, cheaper than a hashed lookup per name.
+fn find_headers<'a>(ids: &[HeaderName], headers: &'a HeaderMap) -> Found<'a> {
+    if headers.len() > ID_SCAN_MAX || ids.len() > 61 {
+        return Found {
+            id: ids.iter().find_map(|h| header_str(headers, h)),
+            content_type: headers.get(CONTENT_TYPE),
+            traceparent: headers.get(&TRACEPARENT),
+            tracestate: headers.get(&TRACESTATE),
+        };
     }
-    if headers.len() > ID_SCAN_MAX || ids.len() > 64 {
-        return ids.iter().find_map(|h| header_str(headers, h));
-    }
-    // Values of one name come in order, its first value first; `seen` skips the later ones.
+    let mut found = Found::default();
+    // Values of one name come in order, its first value first; `seen` skips the later ones
+    // (bits 0..=2 the fixed names, 3.. the id headers).
     let (mut seen, mut best): (u64, Option<(usize, &str)>) = (0, None);
     for (name, value) in headers {
-        let Some(i) = ids.iter().position(|h| h == name) else {
-            continue;
+        let (bit, slot) = if name == CONTENT_TYPE {
+            (0, Some(&mut found.content_type))
+        } else if name == TRACEPARENT {
+            (1, Some(&mut found.traceparent))
+        } else if name == TRACESTATE {
+            (2, Some(&mut found.tracestate))
+        } else {
+            match ids.iter().position(|h| h == name) {
+                Some(i) => (3 + i, None),
+                None => continue,
+            }
         };
-        if seen & (1 << i) != 0 {
+        if seen & (1 << bit) != 0 {
             continue;
         }
-        seen |= 1 << i;
-        if best.is_none_or(|(b, _)| i < b) {
-            if let Some(v) = value_str(value) {
-                best = Some((i, v));
+        seen |= 1 << bit;
+        match slot {
+            Some(slot) => *slot = Some(value),
+            None => {
+                let i = bit - 3;
+                if best.is_none_or(|(b, _)| i < b) {
+                    if let Some(v) = value_str(value) {
+                        best = Some((i, v));
+                    }
+                }
             }
         }
     }
-    best.map(|(_, v)| v)
+    found.id = best.map(|(_, v)| v);
+    found
 }
 
 /// The event id, and whether it is fresh (a UUIDv7 made now, which cannot repeat).
-fn event_id(route: &Route, headers: &HeaderMap, digest_input: &[u8]) -> (String, bool) {
-    if let Some(id) = id_from_headers(&route.id_headers, headers) {
+fn event_id(
+    route: &Route,
+    found: Option<&str>,
+    digest_input: &[u8],
+    now: chrono::DateTime<chrono::Utc>,
+) -> (String, bool) {
+    if let Some(id) = found {
         return (id.to_owned(), false);
     }
     match route.id_fallback {
-        IdFallback::Uuid => (sluice_core::event::new_event_id(), true),
+        IdFallback::Uuid => (sluice_core::event::new_event_id_at(now), true),
         IdFallback::BodySha256 => (hex::encode(Sha256::digest(digest_input)), false),
     }
 }
 
 /// The id of a plain request's event; `body-sha256` hashes the query string for GET.
-fn request_id(route: &Route, parts: &http::request::Parts, body: &[u8]) -> (String, bool) {
+fn request_id(
+    route: &Route,
+    parts: &http::request::Parts,
+    found: Option<&str>,
+    body: &[u8],
+    now: chrono::DateTime<chrono::Utc>,
+) -> (String, bool) {
     let digest_input = if parts.method == http::Method::GET {
         parts.uri.query().unwrap_or("").as_bytes()
     } else {
         body
     };
-    event_id(route, &parts.headers, digest_input)
+    event_id(route, found, digest_input, now)
 }
 
 /// `{key: [values]}` for a query string or a urlencoded form.
@@ -496,11 +539,22 @@ static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// Tracing headers and `header_extensions` as extensions (names were checked with the config).
-fn add_extensions(route: &Route, headers: &HeaderMap, e: &mut Event) -> Result<(), Reject> {
-    let tracing = [(&TRACEPARENT, "traceparent"), (&TRACESTATE, "tracestate")];
-    let configured = route.header_ext.iter().map(|(h, ext)| (h, ext.as_str()));
-    for (h, ext) in tracing.into_iter().chain(configured) {
-        if let Some(v) = headers.get(h).and_then(|v| v.to_str().ok()) {
+fn add_extensions(
+    route: &Route,
+    found: &Found<'_>,
+    headers: &HeaderMap,
+    e: &mut Event,
+) -> Result<(), Reject> {
+    let tracing = [
+        (&TRACEPARENT, "traceparent", found.traceparent),
+        (&TRACESTATE, "tracestate", found.tracestate),
+    ];
+    let configured = route
+        .header_ext
+        .iter()
+        .map(|(h, ext)| (h, ext.as_str(), headers.get(h)));
+    for (h, ext, v) in tracing.into_iter().chain(configured) {
+        if let Some(v) = v.and_then(|v| v.to_str().ok()) {
             check_string(ext, v, false)
                 .map_err(|err| (StatusCode::BAD_REQUEST, format!("header {h}: {err}")))?;
             e.set_extension(ext.to_owned(), ExtValue::String(v.to_owned()));
@@ -517,7 +571,10 @@ fn plain_event(
 ) -> Result<(Event, bool), Reject> {
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let is_get = parts.method == http::Method::GET;
-    let (id, fresh) = request_id(route, parts, &body);
+    let found = find_headers(&route.id_headers, &parts.headers);
+    // One clock reading for the time and a fresh id.
+    let now = chrono::Utc::now();
+    let (id, fresh) = request_id(route, parts, found.id, &body, now);
     // Built in place: each builder call would move the whole event once more.
     let mut e = Event {
         id,
@@ -526,11 +583,11 @@ fn plain_event(
         datacontenttype: None,
         dataschema: None,
         subject: Some(route.subject.clone()),
-        time: Some(Timestamp::now()),
+        time: Some(Timestamp::from_utc(now)),
         extensions: Vec::new(),
         data: Data::None,
     };
-    let content_type = parts.headers.get(CONTENT_TYPE);
+    let content_type = found.content_type;
     if is_get {
         e.datacontenttype = Some("application/json".into());
         e.data = Data::Json(form_json(query));
@@ -551,7 +608,7 @@ fn plain_event(
         e.data = Data::from_bytes(body, ct.as_deref());
         e.datacontenttype = ct;
     }
-    finish(route, &parts.headers, e, fresh)
+    finish(route, &found, &parts.headers, e, fresh)
 }
 
 /// The common end of a generated event: extensions from headers, then the one check left. Type,
@@ -559,11 +616,12 @@ fn plain_event(
 /// by the caller; only the id, which may come from a request header, is left.
 fn finish(
     route: &Route,
+    found: &Found<'_>,
     headers: &HeaderMap,
     mut e: Event,
     fresh: bool,
 ) -> Result<(Event, bool), Reject> {
-    add_extensions(route, headers, &mut e)?;
+    add_extensions(route, found, headers, &mut e)?;
     // A fresh id is a UUID made here: nothing to check.
     if !fresh {
         check_string("id", &e.id, true).map_err(|err| {
@@ -617,10 +675,11 @@ fn argo_event(
 ) -> Result<(Event, bool), Reject> {
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let is_get = parts.method == http::Method::GET;
-    let (id, fresh) = request_id(route, parts, &body);
-    let form = parts
-        .headers
-        .get(CONTENT_TYPE)
+    let found = find_headers(&route.id_headers, &parts.headers);
+    let now = chrono::Utc::now();
+    let (id, fresh) = request_id(route, parts, found.id, &body, now);
+    let form = found
+        .content_type
         .is_some_and(|v| v.as_bytes() == b"application/x-www-form-urlencoded");
     let body_json: Bytes = if is_get {
         form_json(query)
@@ -644,9 +703,9 @@ fn argo_event(
     data.push(b'}');
     let e = Event::new(id, route.source.clone(), route.ty.clone())
         .with_subject(route.subject.clone())
-        .with_time(Timestamp::now())
+        .with_time(Timestamp::from_utc(now))
         .with_json(data);
-    finish(route, &parts.headers, e, fresh)
+    finish(route, &found, &parts.headers, e, fresh)
 }
 
 #[cfg(test)]
@@ -654,7 +713,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn id_headers_found_in_one_pass_as_by_lookups() {
+    fn headers_found_in_one_pass_as_by_lookups() {
         let ids: Vec<HeaderName> = ["x-request-id", "idempotency-key", "x-delivery"]
             .iter()
             .map(|h| HeaderName::from_static(h))
@@ -674,7 +733,17 @@ mod tests {
             &[("x-request-id", "r1"), ("x-request-id", "r2")],
             &[("x-delivery", " d1 "), ("host", "h")],
             &[("x-request-id", "caf\u{e9}"), ("x-delivery", "d1")],
+            &[
+                ("content-type", "text/plain"),
+                ("traceparent", "00-a-b-01"),
+                ("content-type", "application/json"),
+                ("tracestate", "k=v"),
+                ("tracestate", "k2=v2"),
+                ("idempotency-key", "k1"),
+            ],
         ];
+        let get = |h: &HeaderMap, n: &HeaderName| h.get(n).map(|v| v.as_bytes().to_vec());
+        let bytes = |v: Option<&HeaderValue>| v.map(|v| v.as_bytes().to_vec());
         for case in cases {
             let mut h = HeaderMap::new();
             for (k, v) in *case {
@@ -683,11 +752,15 @@ mod tests {
                     HeaderValue::from_bytes(v.as_bytes()).unwrap(),
                 );
             }
+            let found = find_headers(&ids, &h);
+            assert_eq!(found.id.map(str::to_owned), lookups(&h), "{case:?}");
             assert_eq!(
-                id_from_headers(&ids, &h).map(str::to_owned),
-                lookups(&h),
+                bytes(found.content_type),
+                get(&h, &CONTENT_TYPE),
                 "{case:?}"
             );
+            assert_eq!(bytes(found.traceparent), get(&h, &TRACEPARENT), "{case:?}");
+            assert_eq!(bytes(found.tracestate), get(&h, &TRACESTATE), "{case:?}");
         }
         // Past the one-pass bound the lookups answer, the same way.
         let mut many = HeaderMap::new();
@@ -698,7 +771,7 @@ mod tests {
             );
         }
         many.insert("idempotency-key", HeaderValue::from_static("k"));
-        assert_eq!(id_from_headers(&ids, &many), Some("k"));
+        assert_eq!(find_headers(&ids, &many).id, Some("k"));
     }
 
     #[test]
