@@ -43,7 +43,16 @@ pub enum Detected {
 /// Reads the content mode from the headers: a `Content-Type` of `application/cloudevents-batch`
 /// is batched, `application/cloudevents` is structured, a `ce-specversion` header is binary.
 pub fn detect(headers: &HeaderMap) -> Detected {
-    if let Some(ct) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
+    detect_from(
+        headers.get(CONTENT_TYPE),
+        headers.contains_key(&CE_SPECVERSION),
+    )
+}
+
+/// [`detect`] from what a caller found already: the Content-Type (first value) and whether a
+/// `ce-specversion` header is present.
+pub fn detect_from(content_type: Option<&HeaderValue>, specversion: bool) -> Detected {
+    if let Some(ct) = content_type.and_then(|v| v.to_str().ok()) {
         let ct = ct.trim_start();
         if starts_with_ignore_case(ct, "application/cloudevents-batch") {
             return Detected::Batched;
@@ -52,7 +61,7 @@ pub fn detect(headers: &HeaderMap) -> Detected {
             return Detected::Structured;
         }
     }
-    if headers.contains_key(&CE_SPECVERSION) {
+    if specversion {
         Detected::Binary
     } else {
         Detected::Plain
@@ -65,7 +74,16 @@ fn starts_with_ignore_case(s: &str, prefix: &str) -> bool {
 
 /// Decodes the events a request carries. `Plain` requests are not CloudEvents: `Ok(None)`.
 pub fn decode_request(headers: &HeaderMap, body: Bytes) -> Result<Option<Vec<Event>>, EventError> {
-    match detect(headers) {
+    decode_detected(detect(headers), headers, body)
+}
+
+/// [`decode_request`] for a request whose mode was [`detect`]ed already.
+pub fn decode_detected(
+    mode: Detected,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Option<Vec<Event>>, EventError> {
+    match mode {
         Detected::Plain => Ok(None),
         Detected::Binary => decode_binary(headers, body).map(|e| Some(vec![e])),
         Detected::Structured => {

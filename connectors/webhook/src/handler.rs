@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use sluice_core::event::{check_media_type, check_string, Data, Event, ExtValue, Timestamp};
 use sluice_core::http_binding;
 use sluice_core::telemetry::SourceTelemetry;
+use sluice_core::pipeline::DEADLINE_PASSED;
 use sluice_core::{SendOptions, SourceContext, SourceSender, Status};
 
 use crate::auth::Auth;
@@ -221,7 +222,7 @@ async fn handle_route(
     }
     // A bounded number of requests are handled at once; past that, shed at once rather than
     // hold memory for waiting clients.
-    let Ok(_permit) = l.in_flight.try_acquire() else {
+    let Some(_permit) = l.in_flight.try_enter() else {
         route.telemetry.rejected("overloaded", 1);
         return retry_later("too many requests in flight; retry later");
     };
@@ -271,10 +272,10 @@ async fn handle_route(
         Ok(Ok(c)) => c.to_bytes(),
     };
 
+    let found = find_headers(&route.id_headers, &parts.headers);
     let events = if let Some(p) = &route.provider {
         match provider_event(route, &**p, &parts.headers, &body, peer) {
             Ok(Verdict::Event { event, fresh }) => {
-                let found = find_headers(&[], &parts.headers);
                 finish(route, &found, &parts.headers, event, fresh)
                     .map(|(e, fresh)| (vec![e], fresh))
             }
@@ -287,13 +288,22 @@ async fn handle_route(
         }
     } else {
         match route.format {
-            Format::Cloudevents => match http_binding::decode_request(&parts.headers, body.clone())
-            {
-                Ok(Some(events)) => Ok((events, false)),
-                Ok(None) => plain_event(route, &parts, body).map(|(e, fresh)| (vec![e], fresh)),
-                Err(e) => Err((StatusCode::BAD_REQUEST, format!("invalid CloudEvent: {e}"))),
-            },
-            Format::Argo => argo_event(route, &parts, body).map(|(e, fresh)| (vec![e], fresh)),
+            Format::Cloudevents => {
+                match http_binding::detect_from(found.content_type, found.specversion) {
+                    http_binding::Detected::Plain => plain_event(route, &parts, &found, body)
+                        .map(|(e, fresh)| (vec![e], fresh)),
+                    mode => match http_binding::decode_detected(mode, &parts.headers, body) {
+                        Ok(Some(events)) => Ok((events, false)),
+                        Ok(None) => Ok((Vec::new(), false)),
+                        Err(e) => {
+                            Err((StatusCode::BAD_REQUEST, format!("invalid CloudEvent: {e}")))
+                        }
+                    },
+                }
+            }
+            Format::Argo => {
+                argo_event(route, &parts, &found, body).map(|(e, fresh)| (vec![e], fresh))
+            }
         }
     };
     let (events, fresh_ids) = match events {
@@ -307,10 +317,16 @@ async fn handle_route(
     if n == 0 {
         return reply(StatusCode::OK, "{\"status\":\"delivered\",\"events\":0}");
     }
+    // The wait for the sinks is bounded by the sender's deadline table, not a timer per
+    // request.
+    let deadline = match route.ack {
+        AckMode::Delivered => Some(tokio::time::Instant::now() + route.ack_timeout),
+        AckMode::Accepted => None,
+    };
     let opts = SendOptions {
         timeout: Some(route.accept_timeout),
         skip_dedup: fresh_ids,
-        deadline: None,
+        deadline,
     };
     let pending = match route.sender.send_with(events, opts).await {
         Ok(p) => p,
@@ -325,14 +341,12 @@ async fn handle_route(
             format!("{{\"status\":\"accepted\",\"events\":{n}}}"),
         );
     }
-    let outcome = match tokio::time::timeout(route.ack_timeout, pending).await {
-        Ok(o) => o,
-        Err(_) => {
-            return retry_later(
-                "not confirmed within ack_timeout; a retry with the same id is deduplicated",
-            )
-        }
-    };
+    let outcome = pending.await;
+    if outcome.status == Status::Failed && outcome.reason.as_deref() == Some(DEADLINE_PASSED) {
+        return retry_later(
+            "not confirmed within ack_timeout; a retry with the same id is deduplicated",
+        );
+    }
     match outcome.status {
         Status::Delivered if n == 1 && outcome.duplicates == 0 => reply(
             StatusCode::OK,
@@ -443,10 +457,12 @@ struct Found<'a> {
     content_type: Option<&'a HeaderValue>,
     traceparent: Option<&'a HeaderValue>,
     tracestate: Option<&'a HeaderValue>,
+    /// A `ce-specversion` header is present (a binary-mode CloudEvent).
+    specversion: bool,
 }
 
-/// Finds `ids`, Content-Type and the tracing headers. A request with few headers (most) is
-/// read in one pass, cheaper than a hashed lookup per name.
+/// Finds `ids`, Content-Type, `ce-specversion` and the tracing headers. A request with few
+/// headers (most) is read in one pass, cheaper than a hashed lookup per name.
 fn find_headers<'a>(ids: &[HeaderName], headers: &'a HeaderMap) -> Found<'a> {
     if headers.len() > ID_SCAN_MAX || ids.len() > 61 {
         return Found {
@@ -454,6 +470,7 @@ fn find_headers<'a>(ids: &[HeaderName], headers: &'a HeaderMap) -> Found<'a> {
             content_type: headers.get(CONTENT_TYPE),
             traceparent: headers.get(&TRACEPARENT),
             tracestate: headers.get(&TRACESTATE),
+            specversion: headers.contains_key(&CE_SPECVERSION),
         };
     }
     let mut found = Found::default();
@@ -467,6 +484,9 @@ fn find_headers<'a>(ids: &[HeaderName], headers: &'a HeaderMap) -> Found<'a> {
             (1, Some(&mut found.traceparent))
         } else if name == TRACESTATE {
             (2, Some(&mut found.tracestate))
+        } else if name == CE_SPECVERSION {
+            found.specversion = true;
+            continue;
         } else {
             match ids.iter().position(|h| h == name) {
                 Some(i) => (3 + i, None),
@@ -537,6 +557,7 @@ fn form_json(input: &[u8]) -> Bytes {
 /// Built once: a `&str` key would be parsed and lowercased on every lookup.
 static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+static CE_SPECVERSION: HeaderName = HeaderName::from_static("ce-specversion");
 
 /// Tracing headers and `header_extensions` as extensions (names were checked with the config).
 fn add_extensions(
@@ -567,11 +588,11 @@ fn add_extensions(
 fn plain_event(
     route: &Route,
     parts: &http::request::Parts,
+    found: &Found<'_>,
     body: Bytes,
 ) -> Result<(Event, bool), Reject> {
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let is_get = parts.method == http::Method::GET;
-    let found = find_headers(&route.id_headers, &parts.headers);
     // One clock reading for the time and a fresh id.
     let now = chrono::Utc::now();
     let (id, fresh) = request_id(route, parts, found.id, &body, now);
@@ -608,7 +629,7 @@ fn plain_event(
         e.data = Data::from_bytes(body, ct.as_deref());
         e.datacontenttype = ct;
     }
-    finish(route, &found, &parts.headers, e, fresh)
+    finish(route, found, &parts.headers, e, fresh)
 }
 
 /// The common end of a generated event: extensions from headers, then the one check left. Type,
@@ -671,11 +692,11 @@ pub(crate) fn write_argo_headers(out: &mut Vec<u8>, headers: &HeaderMap) {
 fn argo_event(
     route: &Route,
     parts: &http::request::Parts,
+    found: &Found<'_>,
     body: Bytes,
 ) -> Result<(Event, bool), Reject> {
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let is_get = parts.method == http::Method::GET;
-    let found = find_headers(&route.id_headers, &parts.headers);
     let now = chrono::Utc::now();
     let (id, fresh) = request_id(route, parts, found.id, &body, now);
     let form = found
@@ -705,7 +726,7 @@ fn argo_event(
         .with_subject(route.subject.clone())
         .with_time(Timestamp::from_utc(now))
         .with_json(data);
-    finish(route, &found, &parts.headers, e, fresh)
+    finish(route, found, &parts.headers, e, fresh)
 }
 
 #[cfg(test)]
@@ -741,6 +762,7 @@ mod tests {
                 ("tracestate", "k2=v2"),
                 ("idempotency-key", "k1"),
             ],
+            &[("ce-specversion", "1.0"), ("x-delivery", "d1")],
         ];
         let get = |h: &HeaderMap, n: &HeaderName| h.get(n).map(|v| v.as_bytes().to_vec());
         let bytes = |v: Option<&HeaderValue>| v.map(|v| v.as_bytes().to_vec());
@@ -761,6 +783,7 @@ mod tests {
             );
             assert_eq!(bytes(found.traceparent), get(&h, &TRACEPARENT), "{case:?}");
             assert_eq!(bytes(found.tracestate), get(&h, &TRACESTATE), "{case:?}");
+            assert_eq!(found.specversion, h.contains_key(&CE_SPECVERSION), "{case:?}");
         }
         // Past the one-pass bound the lookups answer, the same way.
         let mut many = HeaderMap::new();

@@ -18,6 +18,41 @@ use tokio_util::sync::CancellationToken;
 use crate::handler::{self, Route};
 use crate::tls::{Reloading, TlsConfig};
 
+/// Requests being handled on a listener, bounded: a counter, since nobody waits for room (a
+/// request past the bound is shed at once).
+pub(crate) struct InFlight {
+    now: std::sync::atomic::AtomicUsize,
+    max: usize,
+}
+
+impl InFlight {
+    fn new(max: usize) -> Self {
+        InFlight {
+            now: std::sync::atomic::AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    /// A place for one more request, held until the guard is dropped; `None` when full.
+    pub fn try_enter(&self) -> Option<InFlightGuard<'_>> {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        self.now
+            .fetch_update(AcqRel, Acquire, |n| (n < self.max).then_some(n + 1))
+            .ok()
+            .map(|_| InFlightGuard(self))
+    }
+}
+
+pub(crate) struct InFlightGuard<'a>(&'a InFlight);
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.0
+            .now
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// Options that belong to a listener, not a route.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct ListenerSettings {
@@ -36,9 +71,9 @@ pub(crate) struct Listeners {
 pub(crate) struct Listener {
     pub addr: SocketAddr,
     settings: ListenerSettings,
-    routes: ArcSwap<HashMap<String, Arc<Route>>>,
+    routes: ArcSwap<Routes>,
     update: std::sync::Mutex<()>,
-    pub in_flight: Arc<Semaphore>,
+    pub in_flight: InFlight,
     done: CancellationToken,
     pub not_found: metrics::Counter,
 }
@@ -78,9 +113,9 @@ impl Listeners {
         };
         let listener = Arc::new(Listener {
             addr: bound,
-            in_flight: Arc::new(Semaphore::new(settings.max_in_flight)),
+            in_flight: InFlight::new(settings.max_in_flight),
             settings,
-            routes: ArcSwap::from_pointee(HashMap::new()),
+            routes: ArcSwap::from_pointee(Routes::default()),
             update: std::sync::Mutex::new(()),
             done: CancellationToken::new(),
             not_found: metrics::counter!("sluice_webhook_not_found_total", "listen" => bound.to_string()),
@@ -93,28 +128,68 @@ impl Listeners {
     }
 }
 
+/// The routes of one listener by path. Most listeners serve a few paths, found by comparing
+/// them (cheaper than hashing the path); many are hashed.
+#[derive(Clone)]
+struct Routes<T = Arc<Route>> {
+    list: Vec<(String, T)>,
+    /// Path → index in `list`, when there are more than [`Routes::SCAN`].
+    index: Option<HashMap<String, usize>>,
+}
+
+impl<T> Default for Routes<T> {
+    fn default() -> Self {
+        Routes {
+            list: Vec::new(),
+            index: None,
+        }
+    }
+}
+
+impl<T> Routes<T> {
+    const SCAN: usize = 8;
+
+    fn get(&self, path: &str) -> Option<&T> {
+        match &self.index {
+            Some(index) => index.get(path).map(|&i| &self.list[i].1),
+            None => self.list.iter().find(|(p, _)| p == path).map(|(_, r)| r),
+        }
+    }
+
+    fn with(list: Vec<(String, T)>) -> Routes<T> {
+        let index = (list.len() > Self::SCAN).then(|| {
+            list.iter()
+                .enumerate()
+                .map(|(i, (p, _))| (p.clone(), i))
+                .collect()
+        });
+        Routes { list, index }
+    }
+}
+
 impl Listener {
     fn add_route(&self, path: String, route: Route) -> Result<(), String> {
         let _g = self.update.lock().unwrap_or_else(|p| p.into_inner());
-        let mut routes = HashMap::clone(&self.routes.load());
-        if let Some(other) = routes.get(&path) {
+        let current = self.routes.load();
+        if let Some(other) = current.get(&path) {
             return Err(format!(
                 "path {path} on {} is already served by webhook source `{}`",
                 self.addr,
                 other.name()
             ));
         }
-        routes.insert(path, Arc::new(route));
-        self.routes.store(Arc::new(routes));
+        let mut list = current.list.clone();
+        list.push((path, Arc::new(route)));
+        self.routes.store(Arc::new(Routes::with(list)));
         Ok(())
     }
 
     /// Removes the route at `path` (dropping its pipeline sender).
     pub fn detach(&self, path: &str) {
         let _g = self.update.lock().unwrap_or_else(|p| p.into_inner());
-        let mut routes = HashMap::clone(&self.routes.load());
-        routes.remove(path);
-        self.routes.store(Arc::new(routes));
+        let mut list = self.routes.load().list.clone();
+        list.retain(|(p, _)| p != path);
+        self.routes.store(Arc::new(Routes::with(list)));
     }
 
     pub fn route(&self, path: &str) -> Option<Arc<Route>> {
@@ -284,5 +359,34 @@ async fn serve_watched<F: std::future::Future>(conn: F, idle: &Idle, timeout: Op
                 sleep.as_mut().reset(deadline);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Routes;
+
+    #[test]
+    fn routes_are_found_by_path_whether_scanned_or_hashed() {
+        for n in [1, 3, Routes::<usize>::SCAN, Routes::<usize>::SCAN + 5] {
+            let list: Vec<(String, usize)> = (0..n).map(|i| (format!("/p{i}"), i)).collect();
+            let routes = Routes::with(list);
+            assert_eq!(routes.index.is_some(), n > Routes::<usize>::SCAN);
+            for i in 0..n {
+                assert_eq!(routes.get(&format!("/p{i}")), Some(&i), "{n} routes");
+            }
+            assert_eq!(routes.get("/p"), None);
+            assert_eq!(routes.get(&format!("/p{n}")), None);
+        }
+    }
+
+    #[test]
+    fn in_flight_is_bounded_and_given_back() {
+        let f = super::InFlight::new(2);
+        let a = f.try_enter().unwrap();
+        let _b = f.try_enter().unwrap();
+        assert!(f.try_enter().is_none(), "full");
+        drop(a);
+        assert!(f.try_enter().is_some(), "a place was given back");
     }
 }

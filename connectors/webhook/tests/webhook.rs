@@ -513,9 +513,17 @@ async fn sink_failure_is_never_a_200_and_retry_goes_through() {
 async fn ack_timeout_gives_503_then_the_retry_is_deduplicated() {
     let mut h = start("slowack", json!({"ack_timeout": "200ms"})).await;
     let mut cap = h.capture.take().unwrap();
+    let started = Instant::now();
     let r = post(h.addr, &[("idempotency-key", "t-1")], b"{}").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(r.headers.contains_key("retry-after"));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(2),
+        "answered when ack_timeout passed, not before nor much later: {waited:?}"
+    );
+    let msg = r.json()["error"].as_str().unwrap_or_default().to_owned();
+    assert!(msg.contains("ack_timeout"), "{msg}");
     // Still in flight: a retry is not forwarded, and not answered 200 yet.
     let r = post(h.addr, &[("idempotency-key", "t-1")], b"{}").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);

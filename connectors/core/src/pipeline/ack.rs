@@ -12,8 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::task::Waker;
 use std::time::Instant;
 
-use tokio::sync::OwnedSemaphorePermit;
-
 use super::dedup::Dedup;
 use super::queue::{DeadLetter, SinkShared};
 use crate::event::Event;
@@ -76,6 +74,8 @@ struct UnitState {
     /// Set once, when the last report came in; taken by [`super::Pending`].
     outcome: Option<Outcome>,
     fired: bool,
+    /// The wait for the outcome ended before it: [`super::SendOptions::deadline`] passed.
+    lapsed: bool,
     /// The task waiting for the outcome, if it polled before the unit settled.
     waker: Option<Waker>,
 }
@@ -105,6 +105,7 @@ impl Unit {
                 duplicates: 0,
                 outcome: None,
                 fired: false,
+                lapsed: false,
                 waker: None,
             }),
             started: Instant::now(),
@@ -124,6 +125,14 @@ impl Unit {
                 events: 0,
                 duplicates: 0,
             }));
+        }
+        if st.lapsed {
+            return Some(Outcome {
+                status: Status::Failed,
+                reason: Some(super::DEADLINE_PASSED.into()),
+                events: 0,
+                duplicates: 0,
+            });
         }
         match &st.waker {
             Some(w) if w.will_wake(cx.waker()) => {}
@@ -167,6 +176,23 @@ impl Unit {
         if status != Status::Delivered && st.reason.is_none() {
             st.reason = reason;
         }
+    }
+
+    /// Ends the wait for the outcome: the unit's deadline passed (the deliveries go on).
+    pub(crate) fn lapse(&self) {
+        let waker = {
+            let mut st = self.lock();
+            st.lapsed = !st.fired;
+            st.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn lapsed(&self) -> bool {
+        self.lock().lapsed
     }
 
     /// Ends event `idx` when no delivery holds it (a full `drop_newest` queue dropped it, or its
@@ -326,8 +352,9 @@ pub struct Delivery {
     unit: Arc<Unit>,
     idx: usize,
     sink: Arc<SinkShared>,
-    /// This sink's queue-bytes and memory-budget permits (taken only by dead-lettering).
-    permits: Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)>,
+    /// The bytes this event holds in the sink's queue and in the memory budget, given back
+    /// when the delivery ends (or the processor took the event, [`Delivery::release_memory`]).
+    held: (u32, u32),
     /// The dead-letter target and a copy of the event, when the sink has one.
     dead_letter: Option<Box<(Arc<DeadLetter>, Event)>>,
     done: bool,
@@ -338,7 +365,7 @@ impl Delivery {
         unit: Arc<Unit>,
         idx: usize,
         sink: Arc<SinkShared>,
-        permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+        held: (u32, u32),
         dead_letter: Option<Box<(Arc<DeadLetter>, Event)>>,
     ) -> Self {
         unit.hold(idx);
@@ -346,7 +373,7 @@ impl Delivery {
             unit,
             idx,
             sink,
-            permits: Some(permits),
+            held,
             dead_letter,
             done: false,
         }
@@ -382,7 +409,8 @@ impl Delivery {
     /// emits takes its own share downstream, so stages in a chain never wait on each other for
     /// budget (the processor's own concurrency bounds what it holds meanwhile).
     pub fn release_memory(&mut self) {
-        self.permits = None;
+        let (bytes, budget) = std::mem::take(&mut self.held);
+        self.sink.give(bytes, budget);
     }
 
     /// Whether a failure report sends the event to a dead-letter sink.
@@ -459,7 +487,12 @@ impl Delivery {
         // event: failures waiting on a slow dead-letter sink keep counting against this sink's
         // queue, so the pressure reaches the sources instead of piling up in tasks. The budget
         // permit goes now (the dead-letter push takes its own; holding both could deadlock).
-        let bytes_permit = self.permits.take().map(|(bytes, _budget)| bytes);
+        let (bytes, budget) = std::mem::take(&mut self.held);
+        self.sink.give(0, budget);
+        let bytes_held = BytesHeld {
+            sink: self.sink.clone(),
+            bytes,
+        };
         let guard = DeadLetterGuard {
             unit: self.unit.clone(),
             idx: self.idx,
@@ -469,7 +502,7 @@ impl Delivery {
         rt.spawn(async move {
             let mut guard = guard;
             let held = dl.target.push(event, &guard.unit, guard.idx).await;
-            drop(bytes_permit);
+            drop(bytes_held);
             guard.armed = false;
             if held {
                 // The dead-letter delivery now decides the event's outcome.
@@ -506,6 +539,18 @@ impl Delivery {
     }
 }
 
+/// A failing sink's queue bytes, held until the dead-letter sink holds the event.
+struct BytesHeld {
+    sink: Arc<SinkShared>,
+    bytes: u32,
+}
+
+impl Drop for BytesHeld {
+    fn drop(&mut self) {
+        self.sink.give(self.bytes, 0);
+    }
+}
+
 /// Fails the event if the dead-letter task is dropped (runtime shutdown) before it reported.
 struct DeadLetterGuard {
     unit: Arc<Unit>,
@@ -533,6 +578,8 @@ impl Drop for Delivery {
                 Some("the sink stopped before reporting the event".into()),
             );
         }
+        let (bytes, budget) = std::mem::take(&mut self.held);
+        self.sink.give(bytes, budget);
     }
 }
 

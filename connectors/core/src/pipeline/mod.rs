@@ -6,7 +6,9 @@
 
 pub(crate) mod ack;
 mod chain;
+mod deadline;
 pub(crate) mod dedup;
+mod gate;
 pub(crate) mod queue;
 pub mod window;
 pub mod wiring;
@@ -54,12 +56,17 @@ pub struct SendOptions {
     /// Skip the dedup window: the events' ids were generated just now and cannot repeat (a
     /// fresh UUIDv7), so the window keeps its room for ids that can repeat.
     pub skip_dedup: bool,
-    /// When the upstream lease on this unit ends (SQS visibility, Pub/Sub ack deadline): past
-    /// it the [`Pending`] resolves as [`Status::Failed`] without waiting for the sinks, since
-    /// the upstream will redeliver anyway. The deliveries go on; a redelivery that arrives
-    /// after they succeeded is answered as a duplicate.
+    /// When the upstream lease on this unit ends (SQS visibility, Pub/Sub ack deadline), or
+    /// how long its sender waits (the webhook's `ack_timeout`): past it the [`Pending`]
+    /// resolves as [`Status::Failed`] with the reason [`DEADLINE_PASSED`], without waiting for
+    /// the sinks. The deliveries go on; a redelivery that arrives after they succeeded is
+    /// answered as a duplicate. Kept by the sender's deadline table, not a timer per unit.
     pub deadline: Option<tokio::time::Instant>,
 }
+
+/// The reason of a [`Pending`] whose [`SendOptions::deadline`] passed before its events were
+/// settled.
+pub const DEADLINE_PASSED: &str = "the deadline passed before the sinks settled the events";
 
 /// The pipeline refused to take the events within the time given (every queue they need is
 /// full): answer "retry later" upstream (HTTP 503 with `Retry-After`, broker nack).
@@ -79,6 +86,8 @@ pub struct SourceSender {
     /// identity (a second check would find the input's own entry in flight).
     dedup_seed: Option<u64>,
     telemetry: SourceTelemetry,
+    /// The deadlines of this stage's units ([`SendOptions::deadline`]).
+    deadlines: Arc<deadline::Deadlines>,
     /// Shared by this stage's senders: the last one dropped tells the queues it feeds.
     _stage: Arc<queue::StageToken>,
 }
@@ -152,7 +161,7 @@ impl SourceSender {
         if target.stage != self.source {
             // A target resolved by another stage's sender: refused, never queued.
             let unit = Unit::new(events.len(), None, self.name.clone());
-            let pending = Pending::new(unit.clone(), None);
+            let pending = Pending::new(unit.clone());
             let guard = RoutingGuard::new(unit);
             for idx in 0..events.len() {
                 guard.unit.settle(
@@ -186,7 +195,10 @@ impl SourceSender {
             _ => None,
         };
         let unit = Unit::new(n, dedup.map(|(d, _)| d.clone()), self.name.clone());
-        let pending = Pending::new(unit.clone(), opts.deadline);
+        let pending = match opts.deadline {
+            Some(at) => Pending::watched(unit.clone(), &self.deadlines, at),
+            None => Pending::new(unit.clone()),
+        };
         let r = Routing {
             guard: RoutingGuard::new(unit),
             dedup,
@@ -434,14 +446,24 @@ impl Future for Blocked<'_> {
 /// Resolves to the [`Outcome`] of one inbound unit.
 pub struct Pending {
     unit: Arc<Unit>,
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The deadline table and slot watching this unit, while it is.
+    watch: Option<(Arc<deadline::Deadlines>, usize)>,
 }
 
 impl Pending {
-    fn new(unit: Arc<Unit>, deadline: Option<tokio::time::Instant>) -> Self {
+    pub(crate) fn new(unit: Arc<Unit>) -> Self {
+        Pending { unit, watch: None }
+    }
+
+    fn watched(
+        unit: Arc<Unit>,
+        table: &Arc<deadline::Deadlines>,
+        at: tokio::time::Instant,
+    ) -> Self {
+        let slot = table.insert(at, &unit);
         Pending {
             unit,
-            deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+            watch: Some((table.clone(), slot)),
         }
     }
 }
@@ -449,21 +471,22 @@ impl Pending {
 impl Future for Pending {
     type Output = Outcome;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
-        if let Some(o) = self.unit.poll_outcome(cx) {
-            return Poll::Ready(o);
+        match self.unit.poll_outcome(cx) {
+            Some(o) => {
+                if let Some((table, slot)) = self.watch.take() {
+                    table.remove(slot);
+                }
+                Poll::Ready(o)
+            }
+            None => Poll::Pending,
         }
-        let lapsed = match self.deadline.as_mut() {
-            Some(d) => d.as_mut().poll(cx).is_ready(),
-            None => false,
-        };
-        match lapsed {
-            true => Poll::Ready(Outcome {
-                status: Status::Failed,
-                reason: Some("the upstream lease ended before the sinks settled the events".into()),
-                events: 0,
-                duplicates: 0,
-            }),
-            false => Poll::Pending,
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some((table, slot)) = self.watch.take() {
+            table.remove(slot);
         }
     }
 }
@@ -1095,7 +1118,7 @@ mod tests {
         let item = b.inputs[0].recv().await.unwrap();
         let out = p.await;
         assert_eq!(out.status, Status::Failed);
-        assert!(out.reason.unwrap().contains("lease"));
+        assert_eq!(out.reason.as_deref(), Some(DEADLINE_PASSED));
         // The delivery goes on: once it succeeds, the upstream's redelivery is a duplicate.
         item.delivery.delivered();
         let again = b.senders[0].send(vec![ev("1")]).await.await;

@@ -1,12 +1,13 @@
-//! One bounded queue per sink: bounded in events (the channel) and in bytes (a semaphore), and
-//! every byte also counts against the process-wide memory budget (a second semaphore).
+//! One bounded queue per sink: bounded in events (the channel) and in bytes (a [`Gate`]), and
+//! every byte also counts against the process-wide memory budget (a second gate).
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 
 use super::ack::{Delivery, Status, Unit};
+use super::gate::Gate;
 use crate::event::Event;
 use crate::telemetry::SinkTelemetry;
 
@@ -20,6 +21,31 @@ pub enum WhenFull {
     /// Drop the new event for this sink and count it (`sluice_events_dropped_total`). The
     /// event does not count as failed: choose this only for sinks that may lose events.
     DropNewest,
+}
+
+/// Bytes a waiting push took so far, given back if it is dropped.
+struct Held<'a> {
+    shared: &'a SinkShared,
+    bytes: u32,
+    budget: u32,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.shared.give(self.bytes, self.budget);
+    }
+}
+
+impl SinkShared {
+    /// Gives bytes back to this queue and to the budget.
+    pub(crate) fn give(&self, bytes: u32, budget: u32) {
+        if bytes > 0 {
+            self.bytes.give(u64::from(bytes));
+        }
+        if budget > 0 {
+            self.budget.give(u64::from(budget));
+        }
+    }
 }
 
 /// What [`SinkQueue::try_push`] did with an event.
@@ -36,6 +62,12 @@ pub(crate) enum Pushed {
 pub(crate) struct SinkShared {
     pub(crate) name: Arc<str>,
     pub(crate) telemetry: SinkTelemetry,
+    /// The queue's bytes: taken by each queued event until its delivery settles.
+    pub(crate) bytes: Gate,
+    max_bytes: u32,
+    /// The process's memory budget, shared by every queue.
+    pub(crate) budget: Arc<Gate>,
+    budget_max: u32,
 }
 
 /// An event and its delivery ticket, as a sink receives it.
@@ -58,10 +90,6 @@ pub(crate) struct DeadLetter {
 
 pub(crate) struct SinkQueue {
     tx: mpsc::Sender<SinkItem>,
-    bytes: Arc<Semaphore>,
-    max_bytes: u32,
-    budget: Arc<Semaphore>,
-    budget_max: u32,
     when_full: WhenFull,
     pub(crate) shared: Arc<SinkShared>,
     pub(crate) dead_letter: Option<Arc<DeadLetter>>,
@@ -148,7 +176,7 @@ pub(crate) fn sink_queue(
     events: usize,
     bytes: u64,
     when_full: WhenFull,
-    budget: Arc<Semaphore>,
+    budget: Arc<Gate>,
     budget_max: u32,
 ) -> (SinkQueue, SinkInput) {
     let (tx, rx) = mpsc::channel(events.max(1));
@@ -156,14 +184,14 @@ pub(crate) fn sink_queue(
     let shared = Arc::new(SinkShared {
         name: name.into(),
         telemetry: SinkTelemetry::labelled(role, name),
+        bytes: Gate::new(u64::from(max_bytes)),
+        max_bytes,
+        budget,
+        budget_max,
     });
     (
         SinkQueue {
             tx,
-            bytes: Arc::new(Semaphore::new(max_bytes as usize)),
-            max_bytes,
-            budget,
-            budget_max,
             when_full,
             shared: shared.clone(),
             dead_letter: None,
@@ -184,10 +212,6 @@ impl SinkQueue {
         self.dead_letter = Some(Arc::new(DeadLetter {
             target: SinkQueue {
                 tx: target.tx.clone(),
-                bytes: target.bytes.clone(),
-                max_bytes: target.max_bytes,
-                budget: target.budget.clone(),
-                budget_max: target.budget_max,
                 when_full: target.when_full,
                 shared: target.shared.clone(),
                 dead_letter: None,
@@ -204,8 +228,9 @@ impl SinkQueue {
     /// The bytes `event` takes in this queue and in the memory budget. An event larger than a
     /// bound still passes, alone, when the queue is empty.
     fn sizes(&self, event: &Event) -> (u32, u32) {
-        let size = (event.approx_size().min(u32::MAX as usize) as u32).min(self.max_bytes);
-        (size, size.min(self.budget_max))
+        let sh = &self.shared;
+        let size = (event.approx_size().min(u32::MAX as usize) as u32).min(sh.max_bytes);
+        (size, size.min(sh.budget_max))
     }
 
     /// Queues `event` without waiting: the common case, with no future to set up. `Err` hands
@@ -219,34 +244,51 @@ impl SinkQueue {
         idx: usize,
     ) -> Result<Pushed, Event> {
         let (size, gsize) = self.sizes(&event);
-        let t = &self.shared.telemetry;
-        let p1 = self.bytes.clone().try_acquire_many_owned(size);
-        let p2 = self.budget.clone().try_acquire_many_owned(gsize);
-        match (p1, p2) {
-            (Ok(p1), Ok(p2)) => match self.tx.try_reserve() {
-                Ok(slot) => {
-                    self.enqueue(slot, (p1, p2), event, unit, idx);
-                    Ok(Pushed::Queued)
+        let sh = &self.shared;
+        let t = &sh.telemetry;
+        if !sh.bytes.try_take(u64::from(size)) {
+            return self.no_room(event, unit, idx);
+        }
+        if !sh.budget.try_take(u64::from(gsize)) {
+            sh.bytes.give(u64::from(size));
+            return self.no_room(event, unit, idx);
+        }
+        match self.tx.try_reserve() {
+            Ok(slot) => {
+                self.enqueue(slot, (size, gsize), event, unit, idx);
+                Ok(Pushed::Queued)
+            }
+            Err(e) => {
+                sh.bytes.give(u64::from(size));
+                sh.budget.give(u64::from(gsize));
+                match e {
+                    mpsc::error::TrySendError::Closed(()) => {
+                        self.not_running(unit, idx);
+                        Ok(Pushed::Failed)
+                    }
+                    mpsc::error::TrySendError::Full(()) if self.when_full == WhenFull::Block => {
+                        Err(event)
+                    }
+                    mpsc::error::TrySendError::Full(()) => {
+                        t.dropped_full.increment(1);
+                        Ok(Pushed::Dropped)
+                    }
                 }
-                Err(mpsc::error::TrySendError::Closed(())) => {
-                    self.not_running(unit, idx);
-                    Ok(Pushed::Failed)
-                }
-                Err(mpsc::error::TrySendError::Full(())) if self.when_full == WhenFull::Block => {
-                    Err(event)
-                }
-                Err(mpsc::error::TrySendError::Full(())) => {
-                    t.dropped_full.increment(1);
-                    Ok(Pushed::Dropped)
-                }
-            },
-            _ if self.when_full == WhenFull::Block => Err(event),
+            }
+        }
+    }
+
+    /// No bytes free in this queue or the budget now.
+    #[allow(clippy::result_large_err)] // the event itself is handed back, not an error
+    fn no_room(&self, event: Event, unit: &Arc<Unit>, idx: usize) -> Result<Pushed, Event> {
+        match self.when_full {
+            WhenFull::Block => Err(event),
             _ if self.tx.is_closed() => {
                 self.not_running(unit, idx);
                 Ok(Pushed::Failed)
             }
-            _ => {
-                t.dropped_full.increment(1);
+            WhenFull::DropNewest => {
+                self.shared.telemetry.dropped_full.increment(1);
                 Ok(Pushed::Dropped)
             }
         }
@@ -264,19 +306,33 @@ impl SinkQueue {
         };
         // Only a `block` queue without room gets here.
         let (size, gsize) = self.sizes(&event);
-        let p1 = self.bytes.clone().acquire_many_owned(size).await;
-        let p2 = self.budget.clone().acquire_many_owned(gsize).await;
-        match (p1, p2, self.tx.reserve().await) {
-            (Ok(p1), Ok(p2), Ok(slot)) => self.enqueue(slot, (p1, p2), event, unit, idx),
-            _ => self.not_running(unit, idx),
+        let sh = &self.shared;
+        // Bytes taken are given back if this wait is dropped before the event is queued.
+        let mut held = Held {
+            shared: sh,
+            bytes: 0,
+            budget: 0,
+        };
+        sh.bytes.take(u64::from(size)).await;
+        held.bytes = size;
+        sh.budget.take(u64::from(gsize)).await;
+        held.budget = gsize;
+        match self.tx.reserve().await {
+            Ok(slot) => {
+                held.bytes = 0;
+                held.budget = 0;
+                self.enqueue(slot, (size, gsize), event, unit, idx)
+            }
+            Err(_) => self.not_running(unit, idx),
         }
         true
     }
 
+    /// Queues the event; its delivery holds `held` (queue bytes, budget bytes).
     fn enqueue(
         &self,
         slot: mpsc::Permit<'_, SinkItem>,
-        permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+        held: (u32, u32),
         event: Event,
         unit: &Arc<Unit>,
         idx: usize,
@@ -287,7 +343,7 @@ impl SinkQueue {
             .dead_letter
             .as_ref()
             .map(|d| Box::new((d.clone(), event.clone())));
-        let delivery = Delivery::new(unit.clone(), idx, self.shared.clone(), permits, dead_letter);
+        let delivery = Delivery::new(unit.clone(), idx, self.shared.clone(), held, dead_letter);
         slot.send(SinkItem { event, delivery });
     }
 
@@ -373,12 +429,7 @@ impl SinkInput {
 /// free of gauge updates.
 /// What the sampler reads of one queue: its sender (weak: sampling must not keep it open), its
 /// byte semaphore and bound, and its gauges.
-type QueueView = (
-    mpsc::WeakSender<SinkItem>,
-    Arc<Semaphore>,
-    u32,
-    Arc<SinkShared>,
-);
+type QueueView = (mpsc::WeakSender<SinkItem>, Arc<SinkShared>);
 
 pub struct QueueGauges {
     queues: Vec<QueueView>,
@@ -396,14 +447,7 @@ impl QueueGauges {
             }),
             queues: queues
                 .iter()
-                .map(|q| {
-                    (
-                        q.tx.downgrade(),
-                        q.bytes.clone(),
-                        q.max_bytes,
-                        q.shared.clone(),
-                    )
-                })
+                .map(|q| (q.tx.downgrade(), q.shared.clone()))
                 .collect(),
         }
     }
@@ -416,10 +460,9 @@ impl QueueGauges {
             }
         }
         let mut open = false;
-        for (tx, bytes, max, shared) in &self.queues {
+        for (tx, shared) in &self.queues {
             let t = &shared.telemetry;
-            t.queue_bytes
-                .set(f64::from(*max) - bytes.available_permits() as f64);
+            t.queue_bytes.set(shared.bytes.used() as f64);
             match tx.upgrade() {
                 Some(tx) => {
                     open = true;
@@ -452,7 +495,7 @@ mod tests {
     /// was dropped, then the source sent into the slot. The event must still settle promptly.
     #[tokio::test]
     async fn an_event_sent_into_a_slot_reserved_before_the_sink_stopped_settles() {
-        let budget = Arc::new(Semaphore::new(1 << 20));
+        let budget = Arc::new(Gate::new(1 << 20));
         let (q, input) = sink_queue(
             "sink",
             "race",
@@ -465,10 +508,9 @@ mod tests {
         let slot = q.tx.reserve().await.unwrap();
         drop(input);
         let unit = Unit::new(1, None, "test".into());
-        let pending = crate::pipeline::Pending::new(unit.clone(), None);
-        let p1 = q.bytes.clone().try_acquire_many_owned(10).unwrap();
-        let p2 = budget.try_acquire_many_owned(10).unwrap();
-        let delivery = Delivery::new(unit.clone(), 0, q.shared.clone(), (p1, p2), None);
+        let pending = crate::pipeline::Pending::new(unit.clone());
+        assert!(q.shared.bytes.try_take(10) && budget.try_take(10));
+        let delivery = Delivery::new(unit.clone(), 0, q.shared.clone(), (10, 10), None);
         slot.send(SinkItem {
             event: Event::new("1", "/s", "t"),
             delivery,

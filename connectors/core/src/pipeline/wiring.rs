@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
 
 pub use super::dedup::{dedup_key, Check, Dedup, DedupConfig, DedupScope};
 pub use super::queue::QueueGauges;
@@ -117,7 +116,7 @@ pub struct Built {
 
 pub fn build(spec: &PipelineSpec) -> Built {
     let budget_max = spec.memory_budget.clamp(1, u32::MAX as u64) as u32;
-    let budget = Arc::new(Semaphore::new(budget_max as usize));
+    let budget = Arc::new(super::gate::Gate::new(u64::from(budget_max)));
     let (mut queues, inputs): (Vec<_>, Vec<_>) = spec
         .sinks
         .iter()
@@ -245,6 +244,7 @@ pub fn build(spec: &PipelineSpec) -> Built {
             name: Arc::from(name.as_str()),
             dedup_seed: (role == "source").then(|| super::dedup::ingress_seed(name)),
             telemetry: SourceTelemetry::labelled(role, name),
+            deadlines: Default::default(),
             _stage: tokens[i].clone(),
         })
         .collect();
