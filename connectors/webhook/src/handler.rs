@@ -18,8 +18,8 @@ use metrics::Counter;
 use sha2::{Digest, Sha256};
 use sluice_core::event::{check_media_type, check_string, Data, Event, ExtValue, Timestamp};
 use sluice_core::http_binding;
-use sluice_core::telemetry::SourceTelemetry;
 use sluice_core::pipeline::DEADLINE_PASSED;
+use sluice_core::telemetry::SourceTelemetry;
 use sluice_core::{SendOptions, SourceContext, SourceSender, Status};
 
 use crate::auth::Auth;
@@ -290,8 +290,9 @@ async fn handle_route(
         match route.format {
             Format::Cloudevents => {
                 match http_binding::detect_from(found.content_type, found.specversion) {
-                    http_binding::Detected::Plain => plain_event(route, &parts, &found, body)
-                        .map(|(e, fresh)| (vec![e], fresh)),
+                    http_binding::Detected::Plain => {
+                        plain_event(route, &parts, &found, body).map(|(e, fresh)| (vec![e], fresh))
+                    }
                     mode => match http_binding::decode_detected(mode, &parts.headers, body) {
                         Ok(Some(events)) => Ok((events, false)),
                         Ok(None) => Ok((Vec::new(), false)),
@@ -783,7 +784,11 @@ mod tests {
             );
             assert_eq!(bytes(found.traceparent), get(&h, &TRACEPARENT), "{case:?}");
             assert_eq!(bytes(found.tracestate), get(&h, &TRACESTATE), "{case:?}");
-            assert_eq!(found.specversion, h.contains_key(&CE_SPECVERSION), "{case:?}");
+            assert_eq!(
+                found.specversion,
+                h.contains_key(&CE_SPECVERSION),
+                "{case:?}"
+            );
         }
         // Past the one-pass bound the lookups answer, the same way.
         let mut many = HeaderMap::new();

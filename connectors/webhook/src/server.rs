@@ -47,9 +47,7 @@ pub(crate) struct InFlightGuard<'a>(&'a InFlight);
 
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
-        self.0
-            .now
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.0.now.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
