@@ -308,14 +308,18 @@ impl Expr {
 
     /// Evaluates over the event's JSON data. A field whose path does not exist is an error
     /// (as in Argo); so is a result that is not a boolean.
-    pub fn eval(&self, root: &cel::Context<'_, '_>, data: &str) -> Result<bool, String> {
+    pub fn eval<'a>(
+        &'a self,
+        root: &cel::Context<'_, '_>,
+        data: &crate::filter::Lookup<'_, 'a>,
+    ) -> Result<bool, String> {
         let mut cx = root.new_inner_scope();
         for (name, path) in &self.fields {
-            let v = gjson::get(data, path);
-            if !v.exists() {
+            let v = data.with(path, |v| v.exists().then(|| to_cel(v)));
+            let Some(v) = v else {
                 return Err(format!("path {path:?} does not exist in the event's data"));
-            }
-            cx.add_variable_from_value(name.as_str(), to_cel(&v));
+            };
+            cx.add_variable_from_value(name.as_str(), v);
         }
         match self.program.execute(&cx) {
             Ok(cel::Value::Bool(b)) => Ok(b),
@@ -367,7 +371,9 @@ mod tests {
             .iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect();
-        Expr::compile(expr, &f)?.eval(&root_context(), data)
+        let x = Expr::compile(expr, &f)?;
+        let memo = crate::filter::Lookups::default();
+        x.eval(&root_context(), &memo.on(data))
     }
 
     #[test]

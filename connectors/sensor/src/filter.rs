@@ -313,6 +313,8 @@ impl Filters {
         let mut errors = Vec::new();
         // Argo: an event without data passes the data, exprs and script filters.
         let data = || text.clone();
+        // A path read by several filters (a data filter and an expr field) is looked up once.
+        let memo = Lookups::default();
         let families: [(bool, &'static str); 5] = [
             (!self.exprs.is_empty(), "exprs"),
             (!self.data.is_empty(), "data"),
@@ -331,12 +333,15 @@ impl Filters {
                     None => Ok(true),
                     Some(d) => combine(
                         self.expr_logic,
-                        self.exprs.iter().map(|x| x.eval(cel_root, d)),
+                        self.exprs.iter().map(|x| x.eval(cel_root, &memo.on(d))),
                     ),
                 }),
                 "data" => data().and_then(|d| match d {
                     None => Ok(true),
-                    Some(d) => combine(self.data_logic, self.data.iter().map(|f| f.eval(d))),
+                    Some(d) => combine(
+                        self.data_logic,
+                        self.data.iter().map(|f| f.eval(&memo.on(d))),
+                    ),
                 }),
                 "context" => Ok(self.context.as_ref().is_none_or(|c| context_matches(c, e))),
                 "script" => data().and_then(|d| match (d, &self.script) {
@@ -415,9 +420,46 @@ fn context_matches(c: &ContextFilterConfig, e: &Event) -> bool {
         && eq(&c.datacontenttype, e.datacontenttype.as_deref())
 }
 
+/// gjson lookups into one event's data, each path once.
+#[derive(Default)]
+pub(crate) struct Lookups<'a> {
+    done: std::cell::RefCell<Vec<(&'a str, gjson::Value<'a>)>>,
+}
+
+impl<'a> Lookups<'a> {
+    /// The lookups into `data` (the same data for every call on one memo).
+    pub(crate) fn on<'m>(&'m self, data: &'a str) -> Lookup<'m, 'a> {
+        Lookup { memo: self, data }
+    }
+}
+
+/// [`Lookups`] bound to the data.
+pub(crate) struct Lookup<'m, 'a> {
+    memo: &'m Lookups<'a>,
+    data: &'a str,
+}
+
+impl<'a> Lookup<'_, 'a> {
+    /// `f(gjson::get(data, path))`, each path looked up once. `f` must not look up again.
+    pub(crate) fn with<R>(&self, path: &'a str, f: impl FnOnce(&gjson::Value<'a>) -> R) -> R {
+        let mut done = self.memo.done.borrow_mut();
+        let i = match done.iter().position(|(p, _)| *p == path) {
+            Some(i) => i,
+            None => {
+                done.push((path, gjson::get(self.data, path)));
+                done.len() - 1
+            }
+        };
+        f(&done[i].1)
+    }
+}
+
 impl DataFilter {
-    fn eval(&self, data: &str) -> Result<bool, String> {
-        let res = gjson::get(data, &self.path);
+    fn eval<'a>(&'a self, data: &Lookup<'_, 'a>) -> Result<bool, String> {
+        data.with(&self.path, |res| self.check(res))
+    }
+
+    fn check(&self, res: &gjson::Value<'_>) -> Result<bool, String> {
         if !res.exists() {
             return Err(format!(
                 "path {:?} does not exist in the event's data",

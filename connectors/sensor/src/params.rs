@@ -192,7 +192,9 @@ impl Param {
             // The data as it came (raw values keep their text); the context as JSON.
             let own;
             let text = match e.data.as_bytes().map(|b| std::str::from_utf8(b)) {
-                Some(Ok(t)) if data_side && gjson::valid(t) => t,
+                Some(Ok(t)) if data_side && crate::run::data_text(e).is_ok_and(|d| d.is_some()) => {
+                    t
+                }
                 _ => {
                     own = input().to_string();
                     &own

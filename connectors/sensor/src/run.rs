@@ -500,12 +500,20 @@ impl Sensor {
 }
 
 /// The event's data for the filters: `Ok(None)` without data, `Err` when it is not JSON.
+/// Data known to be JSON is not checked again.
 pub(crate) fn data_text(e: &Event) -> Result<Option<&str>, String> {
-    match e.data.as_bytes().map(|b| std::str::from_utf8(b)) {
-        None => Ok(None),
-        Some(Ok("")) => Ok(None),
-        Some(Ok(s)) if gjson::valid(s) => Ok(Some(s)),
-        _ => Err("the event's data is not JSON".to_string()),
+    let not_json = || "the event's data is not JSON".to_string();
+    let Some(bytes) = e.data.as_bytes() else {
+        return Ok(None);
+    };
+    let text = std::str::from_utf8(bytes).map_err(|_| not_json())?;
+    if text.is_empty() {
+        return Ok(None);
+    }
+    match &e.data {
+        sluice_core::Data::Json(_) => Ok(Some(text)),
+        _ if gjson::valid(text) => Ok(Some(text)),
+        _ => Err(not_json()),
     }
 }
 
