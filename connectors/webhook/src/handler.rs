@@ -320,14 +320,15 @@ async fn handle_route(
     }
     // The wait for the sinks is bounded by the sender's deadline table, not a timer per
     // request.
-    let deadline = match route.ack {
-        AckMode::Delivered => Some(tokio::time::Instant::now() + route.ack_timeout),
+    let within = match route.ack {
+        AckMode::Delivered => Some(route.ack_timeout),
         AckMode::Accepted => None,
     };
     let opts = SendOptions {
         timeout: Some(route.accept_timeout),
         skip_dedup: fresh_ids,
-        deadline,
+        within,
+        ..SendOptions::default()
     };
     let pending = match route.sender.send_with(events, opts).await {
         Ok(p) => p,

@@ -62,6 +62,10 @@ pub struct SendOptions {
     /// the sinks. The deliveries go on; a redelivery that arrives after they succeeded is
     /// answered as a duplicate. Kept by the sender's deadline table, not a timer per unit.
     pub deadline: Option<tokio::time::Instant>,
+    /// The same as `deadline`, given as a time from when the unit is handed over (the instant
+    /// its latency is counted from: no clock reading of its own). `deadline` wins when both
+    /// are set.
+    pub within: Option<Duration>,
 }
 
 /// The reason of a [`Pending`] whose [`SendOptions::deadline`] passed before its events were
@@ -195,7 +199,11 @@ impl SourceSender {
             _ => None,
         };
         let unit = Unit::new(n, dedup.map(|(d, _)| d.clone()), self.name.clone());
-        let pending = match opts.deadline {
+        let deadline = opts.deadline.or_else(|| {
+            let within = opts.within?;
+            Some(tokio::time::Instant::from_std(unit.started) + within)
+        });
+        let pending = match deadline {
             Some(at) => Pending::watched(unit.clone(), &self.deadlines, at),
             None => Pending::new(unit.clone()),
         };
@@ -1123,6 +1131,37 @@ mod tests {
         item.delivery.delivered();
         let again = b.senders[0].send(vec![ev("1")]).await.await;
         assert_eq!((again.status, again.duplicates), (Status::Delivered, 1));
+    }
+
+    #[tokio::test]
+    async fn a_relative_deadline_counts_from_the_hand_over_and_settled_units_leave_the_table() {
+        let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
+        let within = |ms| SendOptions {
+            within: Some(Duration::from_millis(ms)),
+            ..SendOptions::default()
+        };
+        let started = std::time::Instant::now();
+        let late = b.senders[0]
+            .send_with(vec![ev("1")], within(150))
+            .await
+            .unwrap();
+        // Settled before its deadline: the outcome is the sinks', and its slot is given back.
+        let quick = b.senders[0]
+            .send_with(vec![ev("2")], within(50))
+            .await
+            .unwrap();
+        let first = b.inputs[0].recv().await.unwrap();
+        let second = b.inputs[0].recv().await.unwrap();
+        second.delivery.delivered();
+        assert!(quick.await.is_delivered());
+        let out = late.await;
+        let waited = started.elapsed();
+        assert_eq!(out.reason.as_deref(), Some(DEADLINE_PASSED));
+        assert!(
+            waited >= Duration::from_millis(150) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
+        first.delivery.delivered();
     }
 
     #[tokio::test]
