@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use croner::Cron;
-use futures_util::future::join_all;
+use futures_util::future::{join_all, Either};
 use futures_util::FutureExt as _;
 use metrics::{counter, gauge, Counter, Gauge};
 use sluice_core::event::check_extension_name;
@@ -1160,6 +1160,7 @@ impl Run {
                 return delivery.failed(format!("sensor {}: state store: {e}", self.sensor.name));
             }
         };
+        // The runs an at-least-once input waits for: one future type (no box per run).
         let mut waits = Vec::new();
         for f in firings {
             let tr = &self.sensor.triggers[f.trigger];
@@ -1174,18 +1175,15 @@ impl Run {
                         st.spend(&self.sensor, f.trigger, key, taken);
                     }
                     if tr.at_least_once {
-                        waits.push(
-                            futures_util::future::ready(Outcome {
-                                status: Status::Rejected,
-                                reason: Some(format!(
-                                    "sensor {} trigger {}: {e}",
-                                    self.sensor.name, tr.name
-                                )),
-                                events: 1,
-                                duplicates: 0,
-                            })
-                            .boxed(),
-                        );
+                        waits.push(Either::Left(futures_util::future::ready(Outcome {
+                            status: Status::Rejected,
+                            reason: Some(format!(
+                                "sensor {} trigger {}: {e}",
+                                self.sensor.name, tr.name
+                            )),
+                            events: 1,
+                            duplicates: 0,
+                        })));
                     }
                     continue;
                 }
@@ -1193,25 +1191,36 @@ impl Run {
             let at_least_once = tr.at_least_once;
             let run = self.fire(f, outs);
             if at_least_once {
-                waits.push(run.boxed());
+                waits.push(Either::Right(run));
             } else {
                 window.push(run.map(drop).boxed());
             }
         }
-        if waits.is_empty() {
-            return delivery.delivered();
-        }
-        window.push(
-            async move {
-                let outcomes = join_all(waits).await;
-                let worst = outcomes.into_iter().max_by_key(|o| o.status);
-                match worst {
-                    Some(o) => delivery.settle_with(&o),
-                    None => delivery.delivered(),
-                }
+        match waits.len() {
+            0 => delivery.delivered(),
+            // The usual case: one box for the run and the input's settling.
+            1 => {
+                let run = waits.pop().expect("one run");
+                window.push(
+                    async move {
+                        let outcome = run.await;
+                        delivery.settle_with(&outcome);
+                    }
+                    .boxed(),
+                );
             }
-            .boxed(),
-        );
+            _ => window.push(
+                async move {
+                    let outcomes = join_all(waits).await;
+                    let worst = outcomes.into_iter().max_by_key(|o| o.status);
+                    match worst {
+                        Some(o) => delivery.settle_with(&o),
+                        None => delivery.delivered(),
+                    }
+                }
+                .boxed(),
+            ),
+        }
     }
 }
 
