@@ -5,6 +5,8 @@
 # the hot path saves.
 #
 #   SLUICE_BIN=target/release/sluice BARE_BIN=path/to/bare_hyper benches/webhook_callgrind.sh
+#   CACHE=1 ...   # also callgrind's cache and branch model: L1 instruction misses, L1 data read
+#                 # and write misses, mispredicted conditional and indirect branches per request
 #
 # Without SLUICE_BIN / BARE_BIN both are built (release). Needs valgrind and wrk.
 set -euo pipefail
@@ -32,7 +34,8 @@ YAML
 # count NAME SLUG CMD... → a table row: NAME, requests, non-2xx, instructions per request
 count() {
   local name=$1 slug=$2; shift 2
-  RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.$slug" "$@" >/dev/null 2>"$work/vg.$slug" &
+  local sim=""; [ "${CACHE:-0}" = 1 ] && sim="--cache-sim=yes --branch-sim=yes"
+  RUST_LOG=warn valgrind --tool=callgrind $sim --instr-atstart=no --callgrind-out-file="$work/cg.$slug" "$@" >/dev/null 2>"$work/vg.$slug" &
   local pid=$!
   # Under valgrind start-up takes seconds: wait up to a minute for the port.
   for _ in $(seq 1 600); do (echo > /dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
@@ -50,9 +53,20 @@ count() {
     echo "$name: no requests or no callgrind total; wrk said:" >&2; echo "$out" >&2
     tail -5 "$work/vg.$slug" >&2; exit 1
   fi
-  echo "| $name | $reqs | ${non:-0} | $((ir / reqs)) |"
+  if [ "${CACHE:-0}" = 1 ]; then
+    # PROGRAM TOTALS: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw Bc Bcm Bi Bim
+    local t; t=$(callgrind_annotate "$work/cg.$slug" 2>/dev/null | awk '/PROGRAM TOTALS/ && !d {d=1; print}' | sed 's/([^)]*)//g; s/,//g')
+    echo "| $name | $reqs | ${non:-0} | $((ir / reqs)) | $(awk -v r="$reqs" '{printf "%d | %d | %d | %d | %d", $4/r, $5/r, $6/r, $11/r, $13/r}' <<<"$t") |"
+  else
+    echo "| $name | $reqs | ${non:-0} | $((ir / reqs)) |"
+  fi
 }
-echo "| server | requests | non-2xx | instructions per request |"
-echo "|---|---|---|---|"
+if [ "${CACHE:-0}" = 1 ]; then
+  echo "| server | requests | non-2xx | instructions per request | L1i misses | L1d read misses | L1d write misses | mispredicted cond. branches | mispredicted indirect branches |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+else
+  echo "| server | requests | non-2xx | instructions per request |"
+  echo "|---|---|---|---|"
+fi
 count "bare hyper" bare "$BARE_BIN" --listen 127.0.0.1:$PORT --threads 1
 count "sluice webhook → null" sluice "$SLUICE_BIN" run -c "$work/null.yaml" --threads 1
