@@ -1297,11 +1297,18 @@ async fn run_loop(
         .map(|tr| next_tick(tr, Utc::now()))
         .collect();
     let any_ttl = sensor.triggers.iter().any(|t| t.ttl.is_some());
+    // Without resets or TTLs nothing here is timed: no clock is read per step.
+    let timed = any_ttl || ticks.iter().any(Option::is_some);
     let mut next_sweep = tokio::time::Instant::now() + Duration::from_secs(1);
     loop {
-        let now = Utc::now();
-        if ticks.iter().flatten().any(|t| *t <= now)
-            || (any_ttl && tokio::time::Instant::now() >= next_sweep)
+        let now = if timed {
+            Utc::now()
+        } else {
+            chrono::DateTime::<Utc>::MIN_UTC
+        };
+        if timed
+            && (ticks.iter().flatten().any(|t| *t <= now)
+                || (any_ttl && tokio::time::Instant::now() >= next_sweep))
         {
             let mut st = run.state.lock().unwrap_or_else(|p| p.into_inner());
             for (ti, tick) in ticks.iter_mut().enumerate() {
