@@ -18,7 +18,6 @@ use metrics::Counter;
 use sha2::{Digest, Sha256};
 use sluice_core::event::{check_media_type, check_string, Data, Event, ExtValue, Timestamp};
 use sluice_core::http_binding;
-use sluice_core::pipeline::DEADLINE_PASSED;
 use sluice_core::telemetry::SourceTelemetry;
 use sluice_core::{SendOptions, SourceContext, SourceSender, Status};
 
@@ -344,7 +343,7 @@ async fn handle_route(
         );
     }
     let outcome = pending.await;
-    if outcome.status == Status::Failed && outcome.reason.as_deref() == Some(DEADLINE_PASSED) {
+    if outcome.deadline_passed() {
         return retry_later(
             "not confirmed within ack_timeout; a retry with the same id is deduplicated",
         );
@@ -477,37 +476,39 @@ fn find_headers<'a>(ids: &[HeaderName], headers: &'a HeaderMap) -> Found<'a> {
     }
     let mut found = Found::default();
     // Values of one name come in order, its first value first; `seen` skips the later ones
-    // (bits 0..=2 the fixed names, 3.. the id headers).
+    // (bits 0..=2 the fixed names, 3.. the id headers). A name can be both (an id header
+    // named `traceparent`): each role is checked.
     let (mut seen, mut best): (u64, Option<(usize, &str)>) = (0, None);
     for (name, value) in headers {
-        let (bit, slot) = if name == CONTENT_TYPE {
-            (0, Some(&mut found.content_type))
+        let fixed = if name == CONTENT_TYPE {
+            Some((0, &mut found.content_type))
         } else if name == TRACEPARENT {
-            (1, Some(&mut found.traceparent))
+            Some((1, &mut found.traceparent))
         } else if name == TRACESTATE {
-            (2, Some(&mut found.tracestate))
-        } else if name == CE_SPECVERSION {
-            found.specversion = true;
-            continue;
+            Some((2, &mut found.tracestate))
         } else {
-            match ids.iter().position(|h| h == name) {
-                Some(i) => (3 + i, None),
-                None => continue,
+            if name == CE_SPECVERSION {
+                found.specversion = true;
             }
+            None
         };
+        if let Some((bit, slot)) = fixed {
+            if seen & (1 << bit) == 0 {
+                seen |= 1 << bit;
+                *slot = Some(value);
+            }
+        }
+        let Some(i) = ids.iter().position(|h| h == name) else {
+            continue;
+        };
+        let bit = 3 + i;
         if seen & (1 << bit) != 0 {
             continue;
         }
         seen |= 1 << bit;
-        match slot {
-            Some(slot) => *slot = Some(value),
-            None => {
-                let i = bit - 3;
-                if best.is_none_or(|(b, _)| i < b) {
-                    if let Some(v) = value_str(value) {
-                        best = Some((i, v));
-                    }
-                }
+        if best.is_none_or(|(b, _)| i < b) {
+            if let Some(v) = value_str(value) {
+                best = Some((i, v));
             }
         }
     }
@@ -766,6 +767,13 @@ mod tests {
             ],
             &[("ce-specversion", "1.0"), ("x-delivery", "d1")],
         ];
+        // An id header that is also one of the fixed names is found in both roles.
+        let tp_ids = [TRACEPARENT.clone()];
+        let mut h = HeaderMap::new();
+        h.insert(TRACEPARENT.clone(), HeaderValue::from_static("00-t-p-01"));
+        let found = find_headers(&tp_ids, &h);
+        assert_eq!(found.id, Some("00-t-p-01"));
+        assert!(found.traceparent.is_some());
         let get = |h: &HeaderMap, n: &HeaderName| h.get(n).map(|v| v.as_bytes().to_vec());
         let bytes = |v: Option<&HeaderValue>| v.map(|v| v.as_bytes().to_vec());
         for case in cases {

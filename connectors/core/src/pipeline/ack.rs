@@ -53,6 +53,12 @@ impl Outcome {
     pub fn is_delivered(&self) -> bool {
         self.status == Status::Delivered
     }
+
+    /// The wait ended at the unit's deadline ([`super::SendOptions::deadline`] / `within`)
+    /// before its events were settled; the deliveries go on.
+    pub fn deadline_passed(&self) -> bool {
+        self.status == Status::Failed && self.reason.as_deref() == Some(super::DEADLINE_PASSED)
+    }
 }
 
 #[derive(Debug)]

@@ -17,13 +17,28 @@ use super::ack::Unit;
 struct Slot {
     at: Instant,
     unit: Weak<Unit>,
+    /// Which insert took the slot: a unit whose slot was freed when its deadline passed (and
+    /// maybe taken by another since) gives back nothing.
+    generation: u64,
 }
+
+/// A unit's place in the table: its slot and the insert that took it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ticket {
+    slot: usize,
+    generation: u64,
+}
+
+/// The sweeper does not wake more often than this: a burst of deadlines passing at different
+/// milliseconds is ended in batches, each a scan of the table.
+const GRAIN: std::time::Duration = std::time::Duration::from_millis(10);
 
 #[derive(Default)]
 struct Table {
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
     live: usize,
+    generation: u64,
     /// When the sweeping task wakes next (`None`: it waits for a first deadline, or it is not
     /// running).
     wake_at: Option<Instant>,
@@ -50,13 +65,18 @@ impl Deadlines {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Watches `unit` until `at`: past it, its wait ends ([`Unit::lapse`]). Returns the slot to
-    /// give back with [`Deadlines::remove`] once the unit resolved.
-    pub(crate) fn insert(self: &Arc<Self>, at: Instant, unit: &Arc<Unit>) -> usize {
+    /// Watches `unit` until `at`: past it, its wait ends ([`Unit::lapse`]). Returns the ticket
+    /// to give back with [`Deadlines::remove`] once the unit resolved. Outside a tokio runtime
+    /// nothing sweeps the table (every unit is made on one; the check keeps a stray call from
+    /// panicking).
+    pub(crate) fn insert(self: &Arc<Self>, at: Instant, unit: &Arc<Unit>) -> Ticket {
         let mut t = self.lock();
+        t.generation += 1;
+        let generation = t.generation;
         let slot = Slot {
             at,
             unit: Arc::downgrade(unit),
+            generation,
         };
         let idx = match t.free.pop() {
             Some(i) => {
@@ -69,23 +89,38 @@ impl Deadlines {
             }
         };
         t.live += 1;
+        let ticket = Ticket {
+            slot: idx,
+            generation,
+        };
         if !t.running {
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                return ticket;
+            };
             t.running = true;
             t.wake_at = Some(at);
             drop(t);
-            tokio::spawn(sweep(Arc::downgrade(self), self.nudge.clone()));
+            rt.spawn(sweep(Arc::downgrade(self), self.nudge.clone()));
         } else if t.wake_at.is_none_or(|w| at < w) {
             t.wake_at = Some(at);
             drop(t);
             self.nudge.notify_one();
         }
-        idx
+        ticket
     }
 
-    pub(crate) fn remove(&self, idx: usize) {
+    /// Gives a unit's slot back (once it resolved). A slot freed by its deadline already, and
+    /// maybe taken since by another unit, is left alone.
+    pub(crate) fn remove(&self, ticket: Ticket) {
         let mut t = self.lock();
-        if t.slots.get_mut(idx).and_then(Option::take).is_some() {
-            t.free.push(idx);
+        let ours = t
+            .slots
+            .get(ticket.slot)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.generation == ticket.generation);
+        if ours {
+            t.slots[ticket.slot] = None;
+            t.free.push(ticket.slot);
             t.live -= 1;
         }
     }
@@ -127,8 +162,18 @@ impl Deadlines {
     }
 }
 
-/// The sweeping task of one table: ends when the table is gone.
+/// The sweeping task of one table: ends when the table is gone. Dropped without ending (the
+/// runtime shut down), it lets the next insert start another.
 async fn sweep(table: Weak<Deadlines>, nudge: Arc<Notify>) {
+    struct Running(Weak<Deadlines>);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            if let Some(t) = self.0.upgrade() {
+                t.lock().running = false;
+            }
+        }
+    }
+    let _running = Running(table.clone());
     loop {
         let wake_at = {
             let Some(t) = table.upgrade() else { return };
@@ -141,6 +186,7 @@ async fn sweep(table: Weak<Deadlines>, nudge: Arc<Notify>) {
         };
         match wake_at {
             Some(at) => {
+                let at = at.max(Instant::now() + GRAIN);
                 tokio::select! {
                     _ = tokio::time::sleep_until(at) => {}
                     _ = nudge.notified() => {}
@@ -175,6 +221,25 @@ mod tests {
         assert!(a.lapsed() && !c.lapsed());
         d.remove(sa); // already expired: nothing to give back twice
         assert_eq!(d.lock().live, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lapsed_unit_gives_back_nothing_of_the_unit_that_took_its_slot_since() {
+        let d = Arc::new(Deadlines::default());
+        let (old, new) = (
+            Unit::new(1, None, "t".into()),
+            Unit::new(1, None, "t".into()),
+        );
+        let now = Instant::now();
+        let old_ticket = d.insert(now + Duration::from_millis(50), &old);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(old.lapsed());
+        // The freed slot is taken by the next unit.
+        let new_ticket = d.insert(Instant::now() + Duration::from_millis(100), &new);
+        assert_eq!(new_ticket.slot, old_ticket.slot);
+        d.remove(old_ticket); // the lapsed unit's Pending goes away late
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(new.lapsed(), "the new unit's deadline still holds");
     }
 
     #[tokio::test(start_paused = true)]

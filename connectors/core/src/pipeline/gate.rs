@@ -39,9 +39,12 @@ impl Gate {
         self.used.load(Ordering::Relaxed)
     }
 
+    // The waiter (count up, then look at `used`) and the giver (`used` down, then look at the
+    // count) each write one atomic and read the other: sequentially consistent order, so that
+    // one of them sees the other's write (else the waiter could sleep with bytes free).
     fn grab(&self, n: u64) -> bool {
         self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
                 (used + n <= self.max).then_some(used + n)
             })
             .is_ok()
@@ -49,7 +52,7 @@ impl Gate {
 
     /// Takes `n` bytes (at most the bound) if they are free and nobody waits for bytes.
     pub(crate) fn try_take(&self, n: u64) -> bool {
-        self.waiting.load(Ordering::Acquire) == 0 && self.grab(n)
+        self.waiting.load(Ordering::SeqCst) == 0 && self.grab(n)
     }
 
     /// Takes `n` bytes (at most the bound), waiting in line for them. Cancel-safe: a dropped
@@ -61,10 +64,10 @@ impl Gate {
         struct Waiting<'a>(&'a AtomicUsize);
         impl Drop for Waiting<'_> {
             fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::AcqRel);
+                self.0.fetch_sub(1, Ordering::SeqCst);
             }
         }
-        self.waiting.fetch_add(1, Ordering::AcqRel);
+        self.waiting.fetch_add(1, Ordering::SeqCst);
         let _waiting = Waiting(&self.waiting);
         let _turn = self.turn.lock().await;
         loop {
@@ -81,8 +84,8 @@ impl Gate {
 
     /// Gives `n` bytes back.
     pub(crate) fn give(&self, n: u64) {
-        self.used.fetch_sub(n, Ordering::AcqRel);
-        if self.waiting.load(Ordering::Acquire) > 0 {
+        self.used.fetch_sub(n, Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) > 0 {
             // Only the head of the line waits on `freed`.
             self.freed.notify_waiters();
         }

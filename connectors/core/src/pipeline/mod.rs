@@ -454,8 +454,8 @@ impl Future for Blocked<'_> {
 /// Resolves to the [`Outcome`] of one inbound unit.
 pub struct Pending {
     unit: Arc<Unit>,
-    /// The deadline table and slot watching this unit, while it is.
-    watch: Option<(Arc<deadline::Deadlines>, usize)>,
+    /// The deadline table and ticket watching this unit, while it is.
+    watch: Option<(Arc<deadline::Deadlines>, deadline::Ticket)>,
 }
 
 impl Pending {
