@@ -246,21 +246,17 @@ impl Unit {
                 }
             }
         }
-        st.pending -= 1;
-        let waker = if st.pending == 0 {
-            Self::fire(&mut st)
-        } else {
-            None
-        };
-        drop(st);
-        if let Some(w) = waker {
-            w.wake();
-        }
+        Self::release(st);
     }
 
     /// Ends routing. Called exactly once, by [`RoutingGuard`].
     fn end_routing(&self) {
-        let mut st = self.lock();
+        Self::release(self.lock());
+    }
+
+    /// One outstanding report fewer; the last one settles the unit and wakes its source (after
+    /// the lock is given up).
+    fn release(mut st: std::sync::MutexGuard<'_, UnitState>) {
         st.pending -= 1;
         let waker = if st.pending == 0 {
             Self::fire(&mut st)
