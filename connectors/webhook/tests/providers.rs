@@ -171,8 +171,31 @@ async fn github_samples_are_named_after_the_adapter() {
     no_id.remove(2);
     let (status, body) = post(h.addr, &no_id, &push).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // Signed, but cut off: not one JSON document, 400.
+    let cut = &push[..push.len() / 2];
+    let (status, body) = post(h.addr, &gh("push", "d-cut", cut, b"gh-secret"), cut).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("JSON"), "{body}");
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert_eq!(h.got.len(), 2, "refused requests reached nothing");
+
+    // Signed and whole, with a bad token inside: the structure is all that is checked at
+    // ingest, so it is delivered as the signed bytes; an encoder that embeds data as JSON
+    // checks it and carries it as base64 instead, so its output stays JSON.
+    let odd =
+        br#"{"ref":"refs/heads/main","forced":tru,"repository":{"url":"https://github.com/o/r"}}"#;
+    let (status, body) = post(h.addr, &gh("push", "d-odd", odd, b"gh-secret"), odd).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let odd_e = &h.got.wait_for(3).await[2];
+    assert_eq!(odd_e.source, "https://github.com/o/r");
+    assert_eq!(odd_e.data.as_bytes().map(|b| &b[..]), Some(&odd[..]));
+    let structured: Value =
+        serde_json::from_slice(&sluice_core::format::encode_event(odd_e)).expect("JSON");
+    assert!(structured.get("data").is_none(), "{structured}");
+    let carried = base64::engine::general_purpose::STANDARD
+        .decode(structured["data_base64"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(carried, odd);
 }
 
 #[tokio::test]

@@ -64,9 +64,10 @@ pub(crate) fn verify_sha256(
     let hex = value.strip_prefix("sha256=").ok_or_else(|| {
         Refusal::unauthorized("bad_signature", format!("{header} must be `sha256=<hex>`"))
     })?;
-    let sig = super::unhex(hex)
+    let matched = keys
+        .verify_any_hex(&[body], hex)
         .ok_or_else(|| Refusal::unauthorized("bad_signature", format!("{header} is not hex")))?;
-    if keys.verify_any(&[body], [sig.as_slice()]) {
+    if matched {
         Ok(())
     } else {
         Err(Refusal::unauthorized(
@@ -191,7 +192,7 @@ macro_rules! rule {
 /// The adapter's table, event by event, in its order: `cloudevents/spec`,
 /// `cloudevents/adapters/github.md` at commit c5eb14ae13d0559c66221fb55a65c453c20e8cd3 (all 71
 /// events it lists). Where it says "current time", `[]`: the time of receipt.
-const RULES: &[Rule] = &[
+static RULES: &[Rule] = &[
     rule!("branch_protection_configuration", ACTION, REPO, None, []),
     rule!(
         "branch_protection_rule",
@@ -592,6 +593,20 @@ const RULES: &[Rule] = &[
 /// first of these that is present.
 const FALLBACK_SOURCES: &[&str] = &["repository.url", "organization.url", "sender.url"];
 
+/// The adapter's rule for `event`: a binary search in an index of [`RULES`] sorted by event
+/// name, built at first use (the table itself stays in the adapter's order).
+fn rule_for(event: &str) -> Option<&'static Rule> {
+    static BY_NAME: std::sync::LazyLock<Vec<&'static Rule>> = std::sync::LazyLock::new(|| {
+        let mut v: Vec<&Rule> = RULES.iter().collect();
+        v.sort_by_key(|r| r.event);
+        v
+    });
+    BY_NAME
+        .binary_search_by(|r| r.event.cmp(event))
+        .ok()
+        .map(|i| BY_NAME[i])
+}
+
 /// `(type, source, subject, time)` for `event` with payload `doc`.
 fn name(
     event: &str,
@@ -602,7 +617,7 @@ fn name(
     Option<String>,
     Option<sluice_core::event::Timestamp>,
 ) {
-    let rule = RULES.iter().find(|r| r.event == event);
+    let rule = rule_for(event);
     let mut ty = format!("com.github.{}", rule.and_then(|r| r.base).unwrap_or(event));
     let suffix = match rule.map(|r| &r.suffix).unwrap_or(&ACTION) {
         Suffix::None => None,
@@ -649,6 +664,21 @@ mod tests {
         Option<sluice_core::event::Timestamp>,
     ) {
         name(event, &Doc::parse(json.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn the_rule_index_finds_what_a_scan_of_the_table_finds() {
+        for r in RULES {
+            let scanned = RULES.iter().find(|x| x.event == r.event).unwrap();
+            assert!(
+                std::ptr::eq(rule_for(r.event).unwrap(), scanned),
+                "{}",
+                r.event
+            );
+        }
+        for missing in ["", "pus", "pushx", "zzz", "aaa", "sub_issues"] {
+            assert!(rule_for(missing).is_none(), "{missing}");
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use sluice_core::event::{Event, Timestamp};
+use sluice_core::event::{Data, Event, Timestamp};
 use subtle::ConstantTimeEq;
 
 use crate::Format;
@@ -176,6 +176,41 @@ impl Keys {
         }
         ok.into()
     }
+
+    /// [`Keys::verify_any`] for one signature written as hex digits, in either case: each tag
+    /// is written as lowercase hex and compared with the case-folded signature in constant time
+    /// (cheaper than decoding the signature, and nothing is allocated). `None` when `hex` holds
+    /// anything but an even number of hex digits.
+    pub fn verify_any_hex(&self, parts: &[&[u8]], hex: &str) -> Option<bool> {
+        let given = hex.as_bytes();
+        if !given.len().is_multiple_of(2) || !given.iter().all(u8::is_ascii_hexdigit) {
+            return None;
+        }
+        // Longer than any tag (SHA-512's is 64 bytes): matches none.
+        let mut folded = [0u8; 128];
+        let Some(folded) = folded.get_mut(..given.len()) else {
+            return Some(false);
+        };
+        for (f, g) in folded.iter_mut().zip(given) {
+            // ASCII `A`–`F` to `a`–`f`; digits and `a`–`f` already have this bit.
+            *f = g | 0x20;
+        }
+        let mut ok = false;
+        let mut written = [0u8; 128];
+        for k in &self.keys {
+            let mut c = aws_lc_rs::hmac::Context::with_key(k);
+            for p in parts {
+                c.update(p);
+            }
+            let tag = c.sign();
+            let tag = tag.as_ref();
+            let written = &mut written[..tag.len() * 2];
+            hex::encode_to_slice(tag, written).ok()?;
+            // Every key is tried, so the time does not show which one matched.
+            ok |= aws_lc_rs::constant_time::verify_slices_are_equal(written, folded).is_ok();
+        }
+        Some(ok)
+    }
 }
 
 /// Tokens compared for equality in constant time (GitLab's `X-Gitlab-Token`).
@@ -280,40 +315,78 @@ pub(crate) fn unbase64(s: &str) -> Option<Vec<u8>> {
         .ok()
 }
 
-/// A JSON payload read once: the document is checked and its top-level members located in one
-/// pass (serde_json), so that naming an event looks only inside the few members it names,
-/// instead of scanning the whole body once per attribute.
+/// A JSON payload read once: its top-level members are located in one pass (gjson's scan,
+/// which skips nested values without building them), so that naming an event looks only inside
+/// the few members it names, instead of scanning the whole body once per attribute.
+///
+/// The pass checks the document's structure (one object, brackets and strings closed, nothing
+/// after it), not every token: the payload is only forwarded, and it leaves as data typed
+/// `application/json` but not marked as checked, so an encoder that embeds it as JSON checks it
+/// then (as for `kind: webhook`). A full check here cost about as much as the HMAC over the same
+/// bytes (`docs/benchmarks.md`, signature verification). Arrays, scalars and objects with
+/// escaped keys are checked in full.
 pub(crate) struct Doc<'a> {
     json: &'a str,
     /// `None` when the top level is not an object with plain keys (then paths go through gjson
     /// over the whole text).
-    top: Option<Vec<(&'a str, &'a serde_json::value::RawValue)>>,
+    top: Option<Vec<(&'a str, &'a str)>>,
 }
 
-struct Top<'a>(Vec<(&'a str, &'a serde_json::value::RawValue)>);
+/// Where `inner` starts in `outer`, when it is a slice of it.
+fn offset_in(outer: &str, inner: &str) -> Option<usize> {
+    let off = (inner.as_ptr() as usize).checked_sub(outer.as_ptr() as usize)?;
+    (off + inner.len() <= outer.len()).then_some(off)
+}
 
-impl<'de> Deserialize<'de> for Top<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Top<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut m: A,
-            ) -> Result<Top<'de>, A::Error> {
-                let mut v = Vec::with_capacity(24);
-                while let Some(entry) =
-                    m.next_entry::<&'de str, &'de serde_json::value::RawValue>()?
-                {
-                    v.push(entry);
-                }
-                Ok(Top(v))
-            }
+enum Scan<'a> {
+    Members(Vec<(&'a str, &'a str)>),
+    /// Not an object with plain keys: check it in full.
+    Other,
+    Broken,
+}
+
+/// The members of a top-level object, each as its key and its value's raw JSON.
+fn scan_members(json: &str) -> Scan<'_> {
+    let body = json.trim_start_matches([' ', '\t', '\n', '\r']);
+    if !body.starts_with('{') {
+        return Scan::Other;
+    }
+    let root = gjson::parse(body);
+    let mut members = Vec::with_capacity(24);
+    let mut end = Some(1);
+    let mut plain = true;
+    root.each(|k, v| {
+        let key = k.json();
+        let (Some(ko), Some(vo)) = (offset_in(body, key), offset_in(body, v.json())) else {
+            end = None;
+            return false;
+        };
+        let Some(name) = key.strip_prefix('"').and_then(|k| k.strip_suffix('"')) else {
+            end = None;
+            return false;
+        };
+        if name.contains('\\') {
+            plain = false;
+            return false;
         }
-        d.deserialize_map(V)
+        let value = &body[vo..vo + v.json().len()];
+        members.push((&body[ko + 1..ko + 1 + name.len()], value));
+        end = Some(vo + value.len());
+        true
+    });
+    if !plain {
+        return Scan::Other;
+    }
+    // After the last member: the object's `}` and nothing but white space.
+    let closed = end
+        .and_then(|e| body.get(e..))
+        .map(|rest| rest.trim_start_matches([' ', '\t', '\n', '\r']))
+        .and_then(|rest| rest.strip_prefix('}'))
+        .is_some_and(|rest| rest.trim_matches([' ', '\t', '\n', '\r']).is_empty());
+    if closed {
+        Scan::Members(members)
+    } else {
+        Scan::Broken
     }
 }
 
@@ -322,14 +395,13 @@ impl<'a> Doc<'a> {
     pub fn parse(body: &'a [u8]) -> Result<Doc<'a>, Refusal> {
         let json = std::str::from_utf8(body)
             .map_err(|_| Refusal::bad_request("invalid_event", "the body is not UTF-8 JSON"))?;
-        match serde_json::from_str::<Top<'a>>(json) {
-            Ok(Top(top)) => Ok(Doc {
+        match scan_members(json) {
+            Scan::Members(top) => Ok(Doc {
                 json,
                 top: Some(top),
             }),
-            // Valid, but an array, a scalar, or an object with escaped keys.
-            Err(_) if sluice_core::event::is_json(body) => Ok(Doc { json, top: None }),
-            Err(_) => Err(Refusal::bad_request(
+            Scan::Other if sluice_core::event::is_json(body) => Ok(Doc { json, top: None }),
+            Scan::Other | Scan::Broken => Err(Refusal::bad_request(
                 "invalid_event",
                 "the body is not a JSON document",
             )),
@@ -348,7 +420,7 @@ impl<'a> Doc<'a> {
             return text_at(self.json, path);
         };
         let (head, rest) = path.split_once('.').unwrap_or((path, ""));
-        let raw = top.iter().find(|(k, _)| *k == head)?.1.get();
+        let raw = top.iter().find(|(k, _)| *k == head)?.1;
         if rest.is_empty() {
             scalar(&gjson::parse(raw))
         } else {
@@ -363,7 +435,7 @@ impl<'a> Doc<'a> {
         };
         paths.iter().find_map(|p| {
             let (head, rest) = p.split_once('.').unwrap_or((p, ""));
-            let raw = top.iter().find(|(k, _)| *k == head)?.1.get();
+            let raw = top.iter().find(|(k, _)| *k == head)?.1;
             if rest.is_empty() {
                 time_of(&gjson::parse(raw))
             } else {
@@ -375,7 +447,7 @@ impl<'a> Doc<'a> {
     /// The raw JSON of a top-level member (Slack's `event`).
     pub fn raw(&self, key: &str) -> Option<&'a str> {
         match &self.top {
-            Some(top) => top.iter().find(|(k, _)| *k == key).map(|(_, v)| v.get()),
+            Some(top) => top.iter().find(|(k, _)| *k == key).map(|(_, v)| *v),
             None => None,
         }
     }
@@ -523,9 +595,11 @@ pub(crate) fn json_event(
     time: Option<Timestamp>,
     data: Bytes,
 ) -> Result<Event, Refusal> {
+    // Typed JSON but not marked as checked: the payload's tokens were not all read (see
+    // [`Doc`]), so an encoder that embeds it checks it first.
     let mut e = Event::new(id, source, ty)
         .with_time(time.unwrap_or_else(Timestamp::now))
-        .with_json(data);
+        .with_data(Some("application/json".into()), Data::Binary(data));
     e.subject = subject;
     e.validate().map_err(|err| {
         Refusal::bad_request("invalid_event", format!("cannot make a CloudEvent: {err}"))
@@ -638,6 +712,128 @@ mod unit {
             "invalid_event"
         );
         assert_eq!(Doc::parse(b"\xff").err().unwrap().metric, "invalid_event");
+    }
+
+    /// Every JSON sample of the provider tests: the scan finds exactly the members serde_json
+    /// reads, each with the same raw value; every proper prefix (a cut-off body) is refused.
+    #[test]
+    fn the_member_scan_agrees_with_serde_json_and_refuses_every_truncation() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/providers");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let body = std::fs::read(&path).unwrap();
+            let want: Vec<(String, String)> = serde_json::from_slice::<
+                serde_json::Map<String, serde_json::Value>,
+            >(&body)
+            .unwrap()
+            .keys()
+            .map(|k| {
+                let raw: &serde_json::value::RawValue =
+                    serde_json::from_slice::<BTreeMap<&str, &serde_json::value::RawValue>>(&body)
+                        .unwrap()[k.as_str()];
+                (k.clone(), raw.get().to_owned())
+            })
+            .collect();
+            let doc = Doc::parse(&body).unwrap();
+            let mut got: Vec<(String, String)> = doc
+                .top
+                .as_ref()
+                .expect("plain keys")
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            got.sort();
+            assert_eq!(got, want, "{}", path.display());
+            let end = body.iter().rposition(|b| *b == b'}').unwrap();
+            for cut in 0..=end {
+                assert!(
+                    Doc::parse(&body[..cut]).is_err(),
+                    "{} cut at {cut} accepted",
+                    path.display()
+                );
+            }
+            seen += 1;
+        }
+        assert!(seen >= 8, "samples found: {seen}");
+        // What the structure check refuses besides cut-off bodies.
+        for bad in [
+            &br#"{"a":1}}"#[..],
+            br#"{"a":1} x"#,
+            br#"{"a":1,}"#,
+            br#"{"a":{"b":1}"#,
+            br#"{"a":"x}"#,
+            br#"{1:2}"#,
+        ] {
+            assert!(Doc::parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        for good in [
+            &b" {} "[..],
+            br#"{"a":[1,{"b":"}"}],"c":"\"}"}"#,
+            b"\n{\"a\" : 1 }\n",
+        ] {
+            assert!(
+                Doc::parse(good).is_ok(),
+                "{}",
+                String::from_utf8_lossy(good)
+            );
+        }
+    }
+
+    #[test]
+    fn hex_signatures_match_in_either_case_and_only_as_hex() {
+        let keys = Keys::sha256(&[Secret("wrong".into()), Secret("right".into())]);
+        let parts: [&[u8]; 2] = [b"a.", b"body"];
+        let mut c = aws_lc_rs::hmac::Context::with_key(&aws_lc_rs::hmac::Key::new(
+            aws_lc_rs::hmac::HMAC_SHA256,
+            b"right",
+        ));
+        c.update(b"a.body");
+        let tag = c.sign();
+        let lower = hex::encode(tag.as_ref());
+        assert!(keys.verify_any(&parts, [tag.as_ref()]));
+        assert_eq!(keys.verify_any_hex(&parts, &lower), Some(true));
+        assert_eq!(
+            keys.verify_any_hex(&parts, &lower.to_uppercase()),
+            Some(true)
+        );
+        let mixed: String = lower
+            .chars()
+            .enumerate()
+            .map(|(i, c)| {
+                if i % 2 == 0 {
+                    c.to_ascii_uppercase()
+                } else {
+                    c
+                }
+            })
+            .collect();
+        assert_eq!(keys.verify_any_hex(&parts, &mixed), Some(true));
+        // One digit off, one digit short or long, a tag under another key: no match.
+        let mut off = lower.clone().into_bytes();
+        off[10] = if off[10] == b'0' { b'1' } else { b'0' };
+        assert_eq!(
+            keys.verify_any_hex(&parts, std::str::from_utf8(&off).unwrap()),
+            Some(false)
+        );
+        assert_eq!(keys.verify_any_hex(&parts, &lower[..62]), Some(false));
+        assert_eq!(
+            keys.verify_any_hex(&parts, &format!("{lower}00")),
+            Some(false)
+        );
+        assert_eq!(keys.verify_any_hex(&parts, &"ab".repeat(200)), Some(false));
+        assert_eq!(keys.verify_any_hex(&[b"other"], &lower), Some(false));
+        // Not hex: refused as such (`g`, an odd length, `@` which folds to a backtick).
+        for bad in [
+            &format!("{}g", &lower[..63]),
+            &lower[..63].to_owned(),
+            &format!("{}@", &lower[..63]),
+        ] {
+            assert_eq!(keys.verify_any_hex(&parts, bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -66,11 +66,11 @@ impl Provider for Slack {
         let hex = sig.strip_prefix("v0=").ok_or_else(|| {
             Refusal::unauthorized("bad_signature", "X-Slack-Signature must be `v0=<hex>`")
         })?;
-        let sig = super::unhex(hex).ok_or_else(|| {
+        let parts: [&[u8]; 4] = [b"v0:", ts.as_bytes(), b":", req.body];
+        let matched = self.keys.verify_any_hex(&parts, hex).ok_or_else(|| {
             Refusal::unauthorized("bad_signature", "X-Slack-Signature is not hex")
         })?;
-        let parts: [&[u8]; 4] = [b"v0:", ts.as_bytes(), b":", req.body];
-        if self.keys.verify_any(&parts, [sig.as_slice()]) {
+        if matched {
             Ok(())
         } else {
             Err(Refusal::unauthorized(
