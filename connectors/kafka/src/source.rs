@@ -819,6 +819,10 @@ impl KafkaSource {
                 _ = stop.cancelled(), if !stopping => {}
                 m = self.consumer.recv(), if pulling => match m {
                     Ok(m) => {
+                        // librdkafka's queue is not a tokio resource: a full one never makes
+                        // this task wait, so without this it would keep the thread from every
+                        // other task (the admin server's /metrics and /health included).
+                        tokio::task::consume_budget().await;
                         let tp: Tp = (Arc::from(m.topic()), m.partition());
                         let offset = m.offset();
                         match self.to_event(&m) {
