@@ -450,13 +450,62 @@ impl Drop for Closing {
     }
 }
 
-/// One record in flight.
-struct Handle {
+/// What a record's event is made of, read out of librdkafka's message once. Kept while the
+/// record is in flight, so that a retry makes the event again (the payload is shared, not
+/// copied) instead of every record holding a copy of its event for a retry that seldom comes.
+struct Record {
     tp: Tp,
     offset: i64,
+    key: Option<Bytes>,
+    payload: Option<Bytes>,
+    /// The record's timestamp, in milliseconds since the epoch.
+    millis: Option<i64>,
+    headers: Vec<(Box<str>, Bytes)>,
+}
+
+impl Record {
+    fn read(m: &BorrowedMessage<'_>, topic: Arc<str>) -> Record {
+        let headers = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        (
+                            Box::from(h.key),
+                            Bytes::copy_from_slice(h.value.unwrap_or_default()),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Record {
+            tp: (topic, m.partition()),
+            offset: m.offset(),
+            key: m.key().map(Bytes::copy_from_slice),
+            payload: m.payload().map(Bytes::copy_from_slice),
+            millis: m.timestamp().to_millis(),
+            headers,
+        }
+    }
+
+    /// `<topic>-<partition>-<offset>`: the same for every delivery of the record.
+    fn id(&self) -> String {
+        let (mut p, mut o) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (p, o) = (p.format(self.tp.1), o.format(self.offset));
+        let mut id = String::with_capacity(self.tp.0.len() + p.len() + o.len() + 2);
+        id.push_str(&self.tp.0);
+        id.push('-');
+        id.push_str(p);
+        id.push('-');
+        id.push_str(o);
+        id
+    }
+}
+
+/// One record in flight.
+struct Handle {
+    record: Record,
     generation: u64,
-    /// Kept for a retry: a failed record is re-sent, not skipped.
-    event: Event,
 }
 
 /// The first attempt's outcome, or a retry after a backoff.
@@ -491,8 +540,7 @@ fn retry(sender: SourceSender, event: Event, wait: Duration, stop: CancellationT
 
 /// A record received while its partition (or the window) was full: held, its partition paused.
 struct Parked {
-    tp: Tp,
-    offset: i64,
+    record: Record,
     event: Event,
 }
 
@@ -512,27 +560,17 @@ struct KafkaSource {
 }
 
 impl KafkaSource {
-    fn to_event(&self, m: &BorrowedMessage<'_>) -> Result<Event, EventError> {
-        let headers: Vec<(&str, &[u8])> = m
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| (h.key, h.value.unwrap_or_default()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let payload = m.payload().map(Bytes::copy_from_slice);
-        let time = m
-            .timestamp()
-            .to_millis()
-            .and_then(chrono::DateTime::from_timestamp_millis);
-        let id = format!("{}-{}-{}", m.topic(), m.partition(), m.offset());
+    fn to_event(&self, r: &Record) -> Result<Event, EventError> {
+        let headers: Vec<(&str, &[u8])> = r.headers.iter().map(|(k, v)| (&**k, &v[..])).collect();
+        let payload = r.payload.clone();
+        let time = r.millis.and_then(chrono::DateTime::from_timestamp_millis);
+        let id = r.id();
         if self.format == SourceFormat::Argo {
             let mut data = Vec::with_capacity(payload.as_ref().map_or(0, Bytes::len) + 160);
             let head = serde_json::json!({
-                "topic": m.topic(),
-                "key": m.key().map(String::from_utf8_lossy),
-                "partition": m.partition(),
+                "topic": &*r.tp.0,
+                "key": r.key.as_deref().map(String::from_utf8_lossy),
+                "partition": r.tp.1,
                 "timestamp": time.map(argo::go_time),
             });
             let head = serde_json::to_vec(&head).map_err(|e| EventError(e.to_string()))?;
@@ -565,11 +603,11 @@ impl KafkaSource {
         if is_ce {
             return kafka_binding::decode(&headers, payload);
         }
-        let mut e = Event::new(id, &*self.source, &*self.ty).with_subject(m.topic());
+        let mut e = Event::new(id, &*self.source, &*self.ty).with_subject(&*r.tp.0);
         if let Some(t) = time {
             e = e.with_time(Timestamp::from_utc(t));
         }
-        if let Some(k) = m.key().and_then(|k| std::str::from_utf8(k).ok()) {
+        if let Some(k) = r.key.as_deref().and_then(|k| std::str::from_utf8(k).ok()) {
             e.set_extension("partitionkey", ExtValue::String(k.to_owned()));
         }
         let mut ct = None;
@@ -637,33 +675,31 @@ impl KafkaSource {
     ) -> Result<(), Parked> {
         let generation = {
             let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
-            let Some(part) = s.parts.get_mut(&p.tp) else {
+            let Some(part) = s.parts.get_mut(&p.record.tp) else {
                 return Ok(()); // revoked meanwhile: the new owner reads it
             };
             if window.room() == 0 {
                 return Err(p);
             }
-            match part.wm.push(p.offset as u64) {
+            match part.wm.push(p.record.offset as u64) {
                 Ok(true) => {}
                 Ok(false) => return Ok(()), // a position already tracked
                 Err(_) => {
                     if !part.paused {
                         part.paused = true;
                         drop(s);
-                        self.pause(&p.tp, true);
+                        self.pause(&p.record.tp, true);
                     }
                     return Err(p);
                 }
             }
             part.generation
         };
-        let pending = ctx.sender.send(vec![p.event.clone()]).await;
+        let pending = ctx.sender.send(vec![p.event]).await;
         window.push(
             Handle {
-                tp: p.tp,
-                offset: p.offset,
+                record: p.record,
                 generation,
-                event: p.event,
             },
             Attempt::First(pending),
         );
@@ -680,15 +716,29 @@ impl KafkaSource {
         window: &mut InFlight<Handle, Attempt>,
         stop: &CancellationToken,
     ) -> Result<(), String> {
+        // A failed record is sent again: its event is made again from the record (the same
+        // event: its id is the record's position), before the lock is taken.
+        let again = match outcome.status {
+            Status::Failed | Status::InFlight if !stop.is_cancelled() => {
+                match self.to_event(&h.record) {
+                    Ok(e) => Some(e),
+                    Err(e) => {
+                        tracing::warn!(source = %self.name, topic = %h.record.tp.0, partition = h.record.tp.1, offset = h.record.offset, error = %e, "kafka: the event of a failed record could not be made again; skipped (committed past)");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
         let Some(part) = s
             .parts
-            .get_mut(&h.tp)
+            .get_mut(&h.record.tp)
             .filter(|p| p.generation == h.generation)
         else {
             return Ok(()); // revoked: what was committed stays
         };
-        let pos = h.offset as u64;
+        let pos = h.record.offset as u64;
         match outcome.status {
             Status::Delivered => {
                 part.wm.delivered(pos);
@@ -696,16 +746,16 @@ impl KafkaSource {
             }
             Status::Rejected => match self.on_rejected {
                 OnRejected::Skip => {
-                    tracing::warn!(source = %self.name, topic = %h.tp.0, partition = h.tp.1, offset = h.offset, reason = outcome.reason.as_deref().unwrap_or(""), "kafka: a sink rejected the event; committed past it (on_rejected: skip)");
+                    tracing::warn!(source = %self.name, topic = %h.record.tp.0, partition = h.record.tp.1, offset = h.record.offset, reason = outcome.reason.as_deref().unwrap_or(""), "kafka: a sink rejected the event; committed past it (on_rejected: skip)");
                     part.wm.delivered(pos);
                     self.telemetry.settled(Settled::Reject, 1);
                 }
                 OnRejected::Stop => {
                     return Err(format!(
                         "a sink rejected the event of {}-{} offset {} ({}); stopping with the commit before it (on_rejected: stop)",
-                        h.tp.0,
-                        h.tp.1,
-                        h.offset,
+                        h.record.tp.0,
+                        h.record.tp.1,
+                        h.record.offset,
                         outcome.reason.as_deref().unwrap_or("no reason")
                     ));
                 }
@@ -716,10 +766,16 @@ impl KafkaSource {
                 if stop.is_cancelled() {
                     return Ok(()); // held: not committed, read again after the restart
                 }
+                let Some(event) = again else {
+                    // Made once already, so this cannot fail; if it did, the record is
+                    // skipped as one that was never a valid event.
+                    part.wm.delivered(pos);
+                    part.wm.advance(|_| ());
+                    return Ok(());
+                };
                 drop(s);
                 self.telemetry.redeliveries.increment(1);
                 let wait = Watermark::backoff(attempts);
-                let event = h.event.clone();
                 window.push(h, retry(ctx.sender.clone(), event, wait, stop.clone()));
                 return Ok(());
             }
@@ -767,6 +823,7 @@ impl KafkaSource {
         // bounded by the window (no more are taken while it is full).
         let mut parked: HashMap<Tp, VecDeque<Parked>> = HashMap::new();
         let mut parked_total = 0usize;
+        let mut topic: Arc<str> = Arc::from("");
         let mut commits = tokio::time::interval(self.commit_interval);
         commits.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let stop = ctx.shutdown.clone();
@@ -823,13 +880,16 @@ impl KafkaSource {
                         // this task wait, so without this it would keep the thread from every
                         // other task (the admin server's /metrics and /health included).
                         tokio::task::consume_budget().await;
-                        let tp: Tp = (Arc::from(m.topic()), m.partition());
-                        let offset = m.offset();
-                        match self.to_event(&m) {
+                        // One topic's name is shared by its records, not allocated per record.
+                        if *topic != *m.topic() {
+                            topic = Arc::from(m.topic());
+                        }
+                        let record = Record::read(&m, topic.clone());
+                        drop(m);
+                        match self.to_event(&record) {
                             Ok(event) => {
-                                drop(m);
-                                let p = Parked { tp, offset, event };
-                                let p = match parked.get_mut(&p.tp) {
+                                let p = Parked { record, event };
+                                let p = match parked.get_mut(&p.record.tp) {
                                     Some(q) => {
                                         q.push_back(p);
                                         parked_total += 1;
@@ -838,12 +898,12 @@ impl KafkaSource {
                                     None => p,
                                 };
                                 if let Err(p) = self.offer(&ctx, p, &mut window).await {
-                                    parked.entry(p.tp.clone()).or_default().push_back(p);
+                                    parked.entry(p.record.tp.clone()).or_default().push_back(p);
                                     parked_total += 1;
                                 }
                             }
                             Err(e) => {
-                                drop(m);
+                                let (tp, offset) = (record.tp, record.offset);
                                 tracing::warn!(source = %self.name, topic = %tp.0, partition = tp.1, offset, error = %e, "kafka: not a valid CloudEvent; skipped (committed past)");
                                 ctx.sender.telemetry().rejected("invalid_event", 1);
                                 let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());

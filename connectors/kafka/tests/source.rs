@@ -119,6 +119,7 @@ async fn commits_stop_at_the_first_undelivered_record_and_failures_are_retried()
     let mut failed_once = false;
     let mut delivered = BTreeSet::new();
     let mut first: Option<Event> = None;
+    let mut failed_event: Option<Event> = None;
     while delivered.len() < 39 {
         let item = cap.next_within(Duration::from_secs(15)).await;
         let id = item.event.id.clone();
@@ -131,8 +132,18 @@ async fn commits_stop_at_the_first_undelivered_record_and_failures_are_retried()
         }
         if id == "orders-1-4" && !failed_once {
             failed_once = true;
+            failed_event = Some(item.event.clone());
             item.delivery.failed("test: sink down");
             continue;
+        }
+        if id == "orders-1-4" {
+            // The retry is the same event, attribute for attribute and byte for byte (it is
+            // made again from the record, not kept as a copy).
+            let before = failed_event.as_ref().unwrap();
+            assert_eq!(
+                sluice_core::format::encode_event(&item.event),
+                sluice_core::format::encode_event(before)
+            );
         }
         item.delivery.delivered();
         delivered.insert(id);
