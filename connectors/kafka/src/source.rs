@@ -461,6 +461,9 @@ struct Record {
     /// The record's timestamp, in milliseconds since the epoch.
     millis: Option<i64>,
     headers: Vec<(Box<str>, Bytes)>,
+    /// `format: argo`: when the record was read (the event's time), so that a retry carries
+    /// the same time.
+    received: Option<Timestamp>,
 }
 
 impl Record {
@@ -485,6 +488,7 @@ impl Record {
             payload: m.payload().map(Bytes::copy_from_slice),
             millis: m.timestamp().to_millis(),
             headers,
+            received: None,
         }
     }
 
@@ -591,7 +595,7 @@ impl KafkaSource {
             data.push(b'}');
             return Ok(Event::new(id, &*self.source, &*self.ty)
                 .with_subject(&*self.name)
-                .with_time(Timestamp::now())
+                .with_time(r.received.clone().unwrap_or_else(Timestamp::now))
                 .with_json(data));
         }
         let is_ce = headers.iter().any(|(k, v)| {
@@ -884,7 +888,10 @@ impl KafkaSource {
                         if *topic != *m.topic() {
                             topic = Arc::from(m.topic());
                         }
-                        let record = Record::read(&m, topic.clone());
+                        let mut record = Record::read(&m, topic.clone());
+                        if self.format == SourceFormat::Argo {
+                            record.received = Some(Timestamp::now());
+                        }
                         drop(m);
                         match self.to_event(&record) {
                             Ok(event) => {
