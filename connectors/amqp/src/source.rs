@@ -361,6 +361,11 @@ impl AmqpSource {
                 d = async { session.as_mut().expect("session").consumer.next().await }, if reading => {
                     match d {
                         Some(Ok(d)) => {
+                            // lapin's deliveries are not a tokio resource: with a backlog of up
+                            // to `prefetch` they are always ready, and without this the task
+                            // would keep the thread from every other task (/metrics, /health,
+                            // the sinks) until the window is full.
+                            tokio::task::consume_budget().await;
                             attempts = 0;
                             self.offer(&ctx, &mut session, d, &mut window).await;
                         }

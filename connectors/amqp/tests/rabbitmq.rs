@@ -515,3 +515,72 @@ async fn passes_the_pull_source_compliance_check() {
         .await
         .unwrap();
 }
+
+/// lapin hands deliveries over outside tokio's I/O, so a backlog of up to `prefetch` messages is
+/// always ready: the source must still give the thread up now and then, or every other task on
+/// it (the admin server's /metrics and /health, the sinks) waits. Counted, not timed: the
+/// messages the source took between two turns of another task on a one-thread runtime.
+#[tokio::test]
+async fn a_backlog_does_not_keep_the_thread_from_other_tasks() {
+    let (_conn, ch) = channel().await;
+    let queue = unique("backlog");
+    ch.queue_declare(
+        queue.as_str().into(),
+        QueueDeclareOptions {
+            auto_delete: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    const N: usize = 20_000;
+    let mut confirms = Vec::with_capacity(N);
+    for i in 0..N {
+        let sent = ch
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                b"{}",
+                with_id(&format!("b-{i}")),
+            )
+            .await
+            .unwrap();
+        confirms.push(sent);
+    }
+    for c in confirms {
+        c.await.unwrap();
+    }
+    let (mut rig, _task) = start_source(
+        "amqp-backlog",
+        json!({"url": URL, "queue": queue, "prefetch": 10000}),
+    )
+    .await;
+    let got = rig.capture().auto(Status::Delivered);
+    let received = || {
+        metric(
+            "sluice_events_received_total",
+            &[("source", "amqp-backlog")],
+        ) as usize
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (mut last, mut widest, mut turns) = (0, 0, 0);
+    while received() < N {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "took {} of {N}",
+            received()
+        );
+        tokio::task::yield_now().await;
+        let now = received();
+        widest = widest.max(now - last);
+        last = now;
+        turns += 1;
+    }
+    assert!(
+        widest <= 1_000,
+        "{widest} messages taken between two turns of another task ({turns} turns)"
+    );
+    got.wait_for(N).await;
+}

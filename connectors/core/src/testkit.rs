@@ -591,6 +591,34 @@ pub async fn pull_source_compliance<C: crate::SourceConfig>(
     let _ = tokio::time::timeout(timeout, task).await;
 }
 
+/// For a source reading a backlog of `n` events on this runtime (a one-thread test runtime):
+/// asserts that it gives the thread up at least every 1 000 events, so other tasks on it (the
+/// admin server, the sinks) are not starved. Counted, not timed: between two turns of this
+/// task, how many events the source took (`sluice_events_received_total`). A source whose input
+/// is not a tokio resource (librdkafka's queue, lapin's deliveries) must spend tokio's budget
+/// itself (`tokio::task::consume_budget`) to pass.
+pub async fn assert_yields_while_reading(source: &str, n: usize) {
+    let received = || metric(crate::telemetry::EVENTS_RECEIVED, &[("source", source)]) as usize;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (mut last, mut widest, mut turns) = (0, 0, 0);
+    while received() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{source}: took {} of {n} within 60 s",
+            received()
+        );
+        tokio::task::yield_now().await;
+        let now = received();
+        widest = widest.max(now - last);
+        last = now;
+        turns += 1;
+    }
+    assert!(
+        widest <= 1_000,
+        "{source}: {widest} events taken between two turns of another task ({turns} turns)"
+    );
+}
+
 /// Checks the standard source telemetry.
 pub fn assert_source_telemetry(source: &str, received: u64) {
     let got = metric(crate::telemetry::EVENTS_RECEIVED, &[("source", source)]);
