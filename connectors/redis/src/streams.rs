@@ -236,10 +236,17 @@ struct State {
     /// [`ACK_LINGER`].
     acks: Vec<(usize, String)>,
     acks_since: Option<Instant>,
+    /// After an `XACK` failed: its entries wait with the next ones until then.
+    ack_hold: Option<Instant>,
 }
 
 const ACK_BATCH: usize = 512;
 const ACK_LINGER: Duration = Duration::from_millis(5);
+/// How long the entries of a failed `XACK` wait before they are sent again.
+const ACK_RETRY: Duration = Duration::from_millis(500);
+/// At most this many entries wait for their `XACK` after failures; older ones are given up
+/// (they stay pending and come back after `claim_idle`, dedup drops the repeat).
+const ACKS_KEPT: usize = 100_000;
 
 impl StreamsSource {
     async fn ensure_groups(&self, ctl: &mut ConnectionManager) -> Result<(), String> {
@@ -339,6 +346,7 @@ impl StreamsSource {
             retries: Vec::new(),
             acks: Vec::new(),
             acks_since: None,
+            ack_hold: None,
         };
         let mut window: InFlight<Handle> = InFlight::new(self.window, self.claim_idle);
         let mut reader = Some(reader);
@@ -375,11 +383,12 @@ impl StreamsSource {
                     reading = Some(self.read(conn, &st.cursors, per_stream));
                 }
             }
-            if st.acks.len() >= ACK_BATCH {
-                let batch = st.take_acks();
-                self.xack(&mut ctl, batch).await;
+            if st.acks.len() >= ACK_BATCH && st.ack_hold.is_none_or(|t| t <= Instant::now()) {
+                self.flush_acks(&mut ctl, &mut st).await;
             }
-            let ack_due = st.acks_since.map(|t| t + ACK_LINGER);
+            let ack_due = st
+                .acks_since
+                .map(|t| (t + ACK_LINGER).max(st.ack_hold.unwrap_or(t)));
             let retry_due = st.retries.iter().map(|r| r.0).min();
             tokio::select! {
                 biased;
@@ -414,8 +423,7 @@ impl StreamsSource {
                     }
                 }
                 _ = tokio::time::sleep_until(ack_due.unwrap_or_else(Instant::now)), if ack_due.is_some() => {
-                    let batch = st.take_acks();
-                    self.xack(&mut ctl, batch).await;
+                    self.flush_acks(&mut ctl, &mut st).await;
                 }
                 _ = tokio::time::sleep_until(retry_due.unwrap_or_else(Instant::now)), if retry_due.is_some() && !stopping => {
                     self.claim_retries(&mut ctl, &mut st).await;
@@ -446,7 +454,9 @@ impl StreamsSource {
             }
         }
         let batch = st.take_acks();
-        self.xack(&mut ctl, batch).await;
+        if let Err(failed) = self.xack(&mut ctl, batch).await {
+            tracing::warn!(source = %self.name, entries = failed.len(), "redis-streams: the last XACK failed; those entries stay pending and are delivered again after claim_idle (dedup drops the repeats)");
+        }
         tracing::debug!(source = %self.name, "redis-streams: stopped");
         Ok(())
     }
@@ -548,10 +558,28 @@ impl StreamsSource {
         }
     }
 
-    /// Acknowledges delivered entries, one `XACK` per stream, pipelined.
-    async fn xack(&self, ctl: &mut ConnectionManager, batch: Vec<(usize, String)>) {
+    /// Sends the waiting acknowledgements; when that fails they wait [`ACK_RETRY`] with the
+    /// next ones (a broken connection is reopened by the manager at the failed command).
+    async fn flush_acks(&self, ctl: &mut ConnectionManager, st: &mut State) {
+        let batch = st.take_acks();
+        match self.xack(ctl, batch).await {
+            Ok(()) => st.ack_hold = None,
+            Err(failed) => {
+                tracing::warn!(source = %self.name, entries = failed.len(), retry_in = ?ACK_RETRY, "redis-streams: XACK failed; the entries stay pending until it is sent again");
+                st.ack_failed(failed);
+            }
+        }
+    }
+
+    /// Acknowledges delivered entries, one `XACK` per stream, pipelined. Hands the batch back
+    /// when the command failed.
+    async fn xack(
+        &self,
+        ctl: &mut ConnectionManager,
+        batch: Vec<(usize, String)>,
+    ) -> Result<(), Vec<(usize, String)>> {
         if batch.is_empty() {
-            return;
+            return Ok(());
         }
         let mut per: Vec<Vec<&str>> = vec![Vec::new(); self.streams.len()];
         for (s, id) in &batch {
@@ -565,8 +593,12 @@ impl StreamsSource {
                 .arg(ids)
                 .ignore();
         }
-        if let Err(e) = pipe.query_async::<()>(ctl).await {
-            tracing::warn!(source = %self.name, entries = batch.len(), error = %e, "redis-streams: XACK failed; the entries stay pending and are delivered again (dedup drops the repeats)");
+        match pipe.query_async::<()>(ctl).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tracing::debug!(source = %self.name, error = %e, "redis-streams: XACK");
+                Err(batch)
+            }
         }
     }
 
@@ -724,6 +756,19 @@ impl State {
     fn take_acks(&mut self) -> Vec<(usize, String)> {
         self.acks_since = None;
         std::mem::take(&mut self.acks)
+    }
+
+    /// Puts back the entries of a failed `XACK`, ahead of any newer ones, to be sent after
+    /// [`ACK_RETRY`]; past [`ACKS_KEPT`] the oldest are given up.
+    fn ack_failed(&mut self, mut failed: Vec<(usize, String)>) {
+        failed.append(&mut self.acks);
+        if failed.len() > ACKS_KEPT {
+            failed.drain(..failed.len() - ACKS_KEPT);
+        }
+        self.acks = failed;
+        let now = Instant::now();
+        self.acks_since = Some(now);
+        self.ack_hold = Some(now + ACK_RETRY);
     }
 }
 
