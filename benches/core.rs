@@ -162,6 +162,7 @@ fn pull_kit(c: &mut Criterion) {
             reason: None,
             events: 1,
             duplicates: 0,
+            each: Vec::new(),
         })
     };
     let mut g = c.benchmark_group("pull");

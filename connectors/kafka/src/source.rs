@@ -7,6 +7,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+
+use futures_util::{Stream, StreamExt};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -506,11 +508,17 @@ impl Record {
     }
 }
 
-/// One record in flight.
+/// The records of one unit in flight, each with its partition's generation: a batch of the
+/// records that were ready together, or one record sent again.
 struct Handle {
-    record: Record,
-    generation: u64,
+    records: Vec<(Record, u64)>,
 }
+
+/// Records taken from librdkafka at once at most: the first and those already waiting behind
+/// it. Each run of one partition's records among them is one unit, so a backlog goes through
+/// the pipeline in batches (one unit, one settle and one lock of the partitions per run) while
+/// a trickle still goes one by one.
+const BATCH: usize = 256;
 
 /// The first attempt's outcome, or a retry after a backoff.
 enum Attempt {
@@ -537,15 +545,18 @@ fn retry(sender: SourceSender, event: Event, wait: Duration, stop: CancellationT
                 reason: Some("shutting down before the retry".into()),
                 events: 1,
                 duplicates: 0,
+                each: Vec::new(),
             },
         }
     }))
 }
 
-/// A record received while its partition (or the window) was full: held, its partition paused.
+/// A record taken from librdkafka, not yet tracked: `event` is `None` for a record that is
+/// not a valid event (skipped, but in its partition's order). Held as parked while its
+/// partition's watermark (or the window) is full, its partition paused.
 struct Parked {
     record: Record,
-    event: Event,
+    event: Option<Event>,
 }
 
 struct KafkaSource {
@@ -668,124 +679,187 @@ impl KafkaSource {
         }
     }
 
-    /// Tracks a record and sends its event. `Err` hands it back: no room in the window (the
-    /// caller parks it), or its partition's watermark is full (parked, and the partition
-    /// paused until its parked records are taken).
+    /// Tracks a batch of records in their partitions' watermarks and sends their events as one
+    /// unit. The caller has checked the window's room. Returns, in order, the records to park:
+    /// those whose partition's watermark is full (the partition is paused) and any later record
+    /// of such a partition.
     async fn offer(
         &self,
         ctx: &SourceContext,
-        p: Parked,
+        batch: Vec<Parked>,
         window: &mut InFlight<Handle, Attempt>,
-    ) -> Result<(), Parked> {
-        let generation = {
+        in_flight: &mut usize,
+    ) -> Vec<Parked> {
+        let mut back: Vec<Parked> = Vec::new();
+        let mut records = Vec::with_capacity(batch.len());
+        let mut events = Vec::with_capacity(batch.len());
+        let mut pause = Vec::new();
+        {
             let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
-            let Some(part) = s.parts.get_mut(&p.record.tp) else {
-                return Ok(()); // revoked meanwhile: the new owner reads it
-            };
-            if window.room() == 0 {
-                return Err(p);
-            }
-            match part.wm.push(p.record.offset as u64) {
-                Ok(true) => {}
-                Ok(false) => return Ok(()), // a position already tracked
-                Err(_) => {
-                    if !part.paused {
-                        part.paused = true;
-                        drop(s);
-                        self.pause(&p.record.tp, true);
+            for p in batch {
+                if back.iter().any(|b| b.record.tp == p.record.tp) {
+                    back.push(p); // behind a parked record of its partition
+                    continue;
+                }
+                let Some(part) = s.parts.get_mut(&p.record.tp) else {
+                    continue; // revoked meanwhile: the new owner reads it
+                };
+                let pos = p.record.offset as u64;
+                match part.wm.push(pos) {
+                    Ok(true) => match p.event {
+                        Some(event) => {
+                            records.push((p.record, part.generation));
+                            events.push(event);
+                        }
+                        None => {
+                            // Not a valid event: skipped, committed past in its turn.
+                            part.wm.delivered(pos);
+                            part.wm.advance(|_| ());
+                        }
+                    },
+                    Ok(false) => {} // a position already tracked
+                    Err(_) => {
+                        if !part.paused {
+                            part.paused = true;
+                            pause.push(p.record.tp.clone());
+                        }
+                        back.push(p);
                     }
-                    return Err(p);
                 }
             }
-            part.generation
-        };
-        let pending = ctx.sender.send(vec![p.event]).await;
-        window.push(
-            Handle {
-                record: p.record,
-                generation,
-            },
-            Attempt::First(pending),
-        );
-        self.telemetry.in_flight.set(window.len() as f64);
-        Ok(())
+        }
+        for tp in &pause {
+            self.pause(tp, true);
+        }
+        if !records.is_empty() {
+            *in_flight += records.len();
+            let pending = ctx.sender.send(events).await;
+            window.push(Handle { records }, Attempt::First(pending));
+        }
+        self.telemetry.in_flight.set(*in_flight as f64);
+        back
     }
 
-    /// Records an outcome; returns an error when `on_rejected: stop` hits.
+    /// Records a unit's outcome, record by record; returns an error when `on_rejected: stop`
+    /// hits. A failed record is sent again on its own after a backoff; its delivered
+    /// neighbours are not.
     fn settle(
         &self,
         ctx: &SourceContext,
         h: Handle,
         outcome: Outcome,
         window: &mut InFlight<Handle, Attempt>,
+        in_flight: &mut usize,
         stop: &CancellationToken,
     ) -> Result<(), String> {
-        // A failed record is sent again: its event is made again from the record (the same
-        // event: its id is the record's position), before the lock is taken.
-        let again = match outcome.status {
-            Status::Failed | Status::InFlight if !stop.is_cancelled() => {
-                match self.to_event(&h.record) {
-                    Ok(e) => Some(e),
-                    Err(e) => {
-                        tracing::warn!(source = %self.name, topic = %h.record.tp.0, partition = h.record.tp.1, offset = h.record.offset, error = %e, "kafka: the event of a failed record could not be made again; skipped (committed past)");
-                        None
+        // A failed record's event is made again from the record (the same event: its id is the
+        // record's position), before the lock is taken.
+        let mut again: Vec<Option<Event>> = Vec::new();
+        if !outcome.is_delivered() && !stop.is_cancelled() {
+            again = h
+                .records
+                .iter()
+                .enumerate()
+                .map(|(i, (r, _))| match outcome.status_of(i) {
+                    Status::Failed | Status::InFlight => match self.to_event(r) {
+                        Ok(e) => Some(e),
+                        Err(e) => {
+                            tracing::warn!(source = %self.name, topic = %r.tp.0, partition = r.tp.1, offset = r.offset, error = %e, "kafka: the event of a failed record could not be made again; skipped (committed past)");
+                            None
+                        }
+                    },
+                    _ => None,
+                })
+                .collect();
+        }
+        let n = h.records.len();
+        let (mut acked, mut skipped, mut failed) = (0, 0, 0);
+        let mut retries = Vec::new();
+        let mut touched: Vec<Tp> = Vec::new();
+        let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
+        let mut result = Ok(());
+        for (i, (record, generation)) in h.records.into_iter().enumerate() {
+            let Some(part) = s
+                .parts
+                .get_mut(&record.tp)
+                .filter(|p| p.generation == generation)
+            else {
+                continue; // revoked: what was committed stays
+            };
+            let pos = record.offset as u64;
+            match outcome.status_of(i) {
+                Status::Delivered => {
+                    part.wm.delivered(pos);
+                    acked += 1;
+                }
+                Status::Rejected => match self.on_rejected {
+                    OnRejected::Skip => {
+                        tracing::warn!(source = %self.name, topic = %record.tp.0, partition = record.tp.1, offset = record.offset, reason = outcome.reason.as_deref().unwrap_or(""), "kafka: a sink rejected the event; committed past it (on_rejected: skip)");
+                        part.wm.delivered(pos);
+                        skipped += 1;
+                    }
+                    OnRejected::Stop => {
+                        result = Err(format!(
+                            "a sink rejected the event of {}-{} offset {} ({}); stopping with the commit before it (on_rejected: stop)",
+                            record.tp.0,
+                            record.tp.1,
+                            record.offset,
+                            outcome.reason.as_deref().unwrap_or("no reason")
+                        ));
+                        break;
+                    }
+                },
+                Status::Failed | Status::InFlight => {
+                    let attempts = part.wm.failed(pos).unwrap_or(1);
+                    failed += 1;
+                    if stop.is_cancelled() {
+                        continue; // held: not committed, read again after the restart
+                    }
+                    match again.get_mut(i).and_then(Option::take) {
+                        Some(event) => {
+                            retries.push((record, generation, event, attempts));
+                            continue;
+                        }
+                        // Made once already, so this cannot fail; if it did, the record is
+                        // skipped as one that was never a valid event.
+                        None => {
+                            part.wm.delivered(pos);
+                        }
                     }
                 }
             }
-            _ => None,
-        };
-        let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
-        let Some(part) = s
-            .parts
-            .get_mut(&h.record.tp)
-            .filter(|p| p.generation == h.generation)
-        else {
-            return Ok(()); // revoked: what was committed stays
-        };
-        let pos = h.record.offset as u64;
-        match outcome.status {
-            Status::Delivered => {
-                part.wm.delivered(pos);
-                self.telemetry.settled(Settled::Ack, 1);
-            }
-            Status::Rejected => match self.on_rejected {
-                OnRejected::Skip => {
-                    tracing::warn!(source = %self.name, topic = %h.record.tp.0, partition = h.record.tp.1, offset = h.record.offset, reason = outcome.reason.as_deref().unwrap_or(""), "kafka: a sink rejected the event; committed past it (on_rejected: skip)");
-                    part.wm.delivered(pos);
-                    self.telemetry.settled(Settled::Reject, 1);
-                }
-                OnRejected::Stop => {
-                    return Err(format!(
-                        "a sink rejected the event of {}-{} offset {} ({}); stopping with the commit before it (on_rejected: stop)",
-                        h.record.tp.0,
-                        h.record.tp.1,
-                        h.record.offset,
-                        outcome.reason.as_deref().unwrap_or("no reason")
-                    ));
-                }
-            },
-            Status::Failed | Status::InFlight => {
-                let attempts = part.wm.failed(pos).unwrap_or(1);
-                self.telemetry.settled(Settled::Retry, 1);
-                if stop.is_cancelled() {
-                    return Ok(()); // held: not committed, read again after the restart
-                }
-                let Some(event) = again else {
-                    // Made once already, so this cannot fail; if it did, the record is
-                    // skipped as one that was never a valid event.
-                    part.wm.delivered(pos);
-                    part.wm.advance(|_| ());
-                    return Ok(());
-                };
-                drop(s);
-                self.telemetry.redeliveries.increment(1);
-                let wait = Watermark::backoff(attempts);
-                window.push(h, retry(ctx.sender.clone(), event, wait, stop.clone()));
-                return Ok(());
+            if touched.last() != Some(&record.tp) && !touched.contains(&record.tp) {
+                touched.push(record.tp);
             }
         }
-        part.wm.advance(|_| ());
-        Ok(())
+        for tp in &touched {
+            if let Some(part) = s.parts.get_mut(tp) {
+                part.wm.advance(|_| ());
+            }
+        }
+        drop(s);
+        *in_flight -= n - retries.len();
+        if acked > 0 {
+            self.telemetry.settled(Settled::Ack, acked);
+        }
+        if skipped > 0 {
+            self.telemetry.settled(Settled::Reject, skipped);
+        }
+        if failed > 0 {
+            self.telemetry.settled(Settled::Retry, failed);
+        }
+        for (record, generation, event, attempts) in retries {
+            self.telemetry.redeliveries.increment(1);
+            let wait = Watermark::backoff(attempts);
+            window.push(
+                Handle {
+                    records: vec![(record, generation)],
+                },
+                retry(ctx.sender.clone(), event, wait, stop.clone()),
+            );
+        }
+        self.telemetry.in_flight.set(*in_flight as f64);
+        result
     }
 
     /// Commits every partition whose commit point moved.
@@ -819,10 +893,35 @@ impl KafkaSource {
         }
     }
 
+    /// What a record taken from librdkafka becomes: its parts, and its event (`None`, logged
+    /// and counted, when it is not a valid one).
+    fn take(&self, m: &BorrowedMessage<'_>, topic: &mut Arc<str>, ctx: &SourceContext) -> Parked {
+        // One topic's name is shared by its records, not allocated per record.
+        if **topic != *m.topic() {
+            *topic = Arc::from(m.topic());
+        }
+        let mut record = Record::read(m, topic.clone());
+        if self.format == SourceFormat::Argo {
+            record.received = Some(Timestamp::now());
+        }
+        let event = match self.to_event(&record) {
+            Ok(event) => Some(event),
+            Err(e) => {
+                tracing::warn!(source = %self.name, topic = %record.tp.0, partition = record.tp.1, offset = record.offset, error = %e, "kafka: not a valid CloudEvent; skipped (committed past)");
+                ctx.sender.telemetry().rejected("invalid_event", 1);
+                None
+            }
+        };
+        Parked { record, event }
+    }
+
     async fn run(mut self, ctx: SourceContext) -> Result<(), ConnectorError> {
         let err = |m: String| ConnectorError(format!("kafka source {}: {m}", self.name));
+        // Entries are units (a batch, or one record sent again); records in flight are counted
+        // in `in_flight` and bounded by the window, so entries are too.
         let mut window: InFlight<Handle, Attempt> =
             InFlight::new(self.window, Duration::from_secs(3600));
+        let mut in_flight = 0usize;
         // Records taken from librdkafka that found no room yet, per partition, in order;
         // bounded by the window (no more are taken while it is full).
         let mut parked: HashMap<Tp, VecDeque<Parked>> = HashMap::new();
@@ -832,6 +931,8 @@ impl KafkaSource {
         commits.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let stop = ctx.shutdown.clone();
         let mut failure = None;
+        // One stream for the source's life: `recv` registers and drops a waker slot per record.
+        let mut stream = self.consumer.stream();
         loop {
             let stopping = stop.is_cancelled();
             if stopping {
@@ -842,84 +943,99 @@ impl KafkaSource {
                     break;
                 }
             }
-            if parked_total > 0 && window.room() > 0 {
+            if parked_total > 0 && in_flight < self.window {
                 let keys: Vec<Tp> = parked.keys().cloned().collect();
                 for tp in keys {
                     let q = parked.get_mut(&tp).expect("a parked partition");
-                    while let Some(p) = q.pop_front() {
-                        match self.offer(&ctx, p, &mut window).await {
-                            Ok(()) => parked_total -= 1,
-                            Err(p) => {
-                                q.push_front(p);
-                                break;
-                            }
-                        }
+                    let take = q.len().min(self.window - in_flight);
+                    let batch: Vec<Parked> = q.drain(..take).collect();
+                    parked_total -= take;
+                    let back = self.offer(&ctx, batch, &mut window, &mut in_flight).await;
+                    parked_total += back.len();
+                    let q = parked.get_mut(&tp).expect("a parked partition");
+                    for p in back.into_iter().rev() {
+                        q.push_front(p);
                     }
                     if q.is_empty() {
                         parked.remove(&tp);
                         self.resume(&tp);
                     }
-                    if window.room() == 0 {
+                    if in_flight >= self.window {
                         break;
                     }
                 }
             }
             // Records are taken from librdkafka only while there is room: its prefetch
             // (queued.min.messages, queued.max.messages.kbytes) holds the rest.
-            let pulling = !stopping && window.room() > 0 && parked_total < self.window;
+            let pulling = !stopping && in_flight < self.window && parked_total < self.window;
             tokio::select! {
                 biased;
                 Some((h, outcome)) = window.next(), if !window.is_empty() => {
-                    if let Err(m) = self.settle(&ctx, h, outcome, &mut window, &stop) {
+                    if let Err(m) = self.settle(&ctx, h, outcome, &mut window, &mut in_flight, &stop) {
                         failure = Some(m);
                         break;
                     }
-                    self.telemetry.in_flight.set(window.len() as f64);
                 }
                 _ = commits.tick() => self.commit(CommitMode::Async),
                 _ = stop.cancelled(), if !stopping => {}
-                m = self.consumer.recv(), if pulling => match m {
+                m = stream.next(), if pulling => match m.expect("kafka streams never end") {
                     Ok(m) => {
-                        // librdkafka's queue is not a tokio resource: a full one never makes
-                        // this task wait, so without this it would keep the thread from every
-                        // other task (the admin server's /metrics and /health included).
-                        tokio::task::consume_budget().await;
-                        // One topic's name is shared by its records, not allocated per record.
-                        if *topic != *m.topic() {
-                            topic = Arc::from(m.topic());
-                        }
-                        let mut record = Record::read(&m, topic.clone());
-                        if self.format == SourceFormat::Argo {
-                            record.received = Some(Timestamp::now());
-                        }
-                        drop(m);
-                        match self.to_event(&record) {
-                            Ok(event) => {
-                                let p = Parked { record, event };
-                                let p = match parked.get_mut(&p.record.tp) {
-                                    Some(q) => {
-                                        q.push_back(p);
-                                        parked_total += 1;
-                                        continue;
-                                    }
-                                    None => p,
-                                };
-                                if let Err(p) = self.offer(&ctx, p, &mut window).await {
-                                    parked.entry(p.record.tp.clone()).or_default().push_back(p);
+                        // This record and those already waiting behind it, as one unit.
+                        let max = (self.window - in_flight)
+                            .min(self.window - parked_total)
+                            .min(BATCH);
+                        // Runs of one partition's records: a unit holds one run, so a slow
+                        // event holds back only neighbours its partition's commit waits for
+                        // anyway.
+                        let mut runs: Vec<Vec<Parked>> = Vec::new();
+                        let mut m = m;
+                        let mut taken = 0;
+                        loop {
+                            // librdkafka's queue is not a tokio resource: a full one never
+                            // makes this task wait, so without this it would keep the thread
+                            // from every other task (the admin server's /metrics and /health
+                            // included).
+                            tokio::task::consume_budget().await;
+                            let p = self.take(&m, &mut topic, &ctx);
+                            drop(m);
+                            match parked.get_mut(&p.record.tp) {
+                                // Behind its partition's parked records.
+                                Some(q) => {
+                                    q.push_back(p);
                                     parked_total += 1;
                                 }
+                                None => match runs.last_mut() {
+                                    Some(run) if run[0].record.tp == p.record.tp => run.push(p),
+                                    _ => runs.push(vec![p]),
+                                },
                             }
-                            Err(e) => {
-                                let (tp, offset) = (record.tp, record.offset);
-                                tracing::warn!(source = %self.name, topic = %tp.0, partition = tp.1, offset, error = %e, "kafka: not a valid CloudEvent; skipped (committed past)");
-                                ctx.sender.telemetry().rejected("invalid_event", 1);
-                                let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
-                                if let Some(part) = s.parts.get_mut(&tp) {
-                                    if part.wm.push(offset as u64).unwrap_or(false) {
-                                        part.wm.delivered(offset as u64);
-                                        part.wm.advance(|_| ());
-                                    }
+                            taken += 1;
+                            if taken >= max {
+                                break;
+                            }
+                            // The next record only if it is ready now.
+                            let ready = std::future::poll_fn(|cx| {
+                                Poll::Ready(Pin::new(&mut stream).poll_next(cx))
+                            })
+                            .await;
+                            m = match ready {
+                                Poll::Ready(Some(Ok(next))) => next,
+                                Poll::Ready(Some(Err(e))) => {
+                                    tracing::warn!(source = %self.name, error = %e, "kafka: consumer error");
+                                    break;
                                 }
+                                _ => break,
+                            };
+                        }
+                        for run in runs {
+                            let back = match parked.get_mut(&run[0].record.tp) {
+                                // An earlier run of its partition was parked: behind it.
+                                Some(_) => run,
+                                None => self.offer(&ctx, run, &mut window, &mut in_flight).await,
+                            };
+                            for p in back {
+                                parked.entry(p.record.tp.clone()).or_default().push_back(p);
+                                parked_total += 1;
                             }
                         }
                     }
@@ -929,6 +1045,7 @@ impl KafkaSource {
                 },
             }
         }
+        drop(stream);
         // Final commit of what was delivered, then leave the group.
         self.commit(CommitMode::Sync);
         self.consumer.unsubscribe();

@@ -1099,6 +1099,7 @@ impl Run {
                             reason: Some(format!("dlqTrigger {}: {e}", dt.name)),
                             events: outs.len(),
                             duplicates: 0,
+                            each: Vec::new(),
                         },
                         Ok(dead) => {
                             let mut attempt = 0;
@@ -1183,6 +1184,7 @@ impl Run {
                             )),
                             events: 1,
                             duplicates: 0,
+                            each: Vec::new(),
                         })));
                     }
                     continue;

@@ -47,11 +47,22 @@ pub struct Outcome {
     pub events: usize,
     /// Events answered as duplicates and not forwarded.
     pub duplicates: usize,
+    /// Each event's status, in the unit's order, when they may differ: filled for a unit of
+    /// more than one event that was not delivered, empty otherwise (then every event has
+    /// `status`). Read it with [`Outcome::status_of`].
+    pub each: Vec<Status>,
 }
 
 impl Outcome {
     pub fn is_delivered(&self) -> bool {
         self.status == Status::Delivered
+    }
+
+    /// The status of the unit's event `idx`: a source that sends several upstream messages as
+    /// one unit settles each by its own (a delivered neighbour of a failed event is not sent
+    /// again).
+    pub fn status_of(&self, idx: usize) -> Status {
+        self.each.get(idx).copied().unwrap_or(self.status)
     }
 
     /// The wait ended at the unit's deadline ([`super::SendOptions::deadline`] / `within`)
@@ -130,6 +141,7 @@ impl Unit {
                 reason: Some("the outcome was already taken".into()),
                 events: 0,
                 duplicates: 0,
+                each: Vec::new(),
             }));
         }
         if st.lapsed {
@@ -138,6 +150,7 @@ impl Unit {
                 reason: Some(super::DEADLINE_PASSED.into()),
                 events: 0,
                 duplicates: 0,
+                each: Vec::new(),
             });
         }
         match &st.waker {
@@ -289,6 +302,11 @@ impl Unit {
             },
             events: st.events.len(),
             duplicates: st.duplicates,
+            each: if status != Status::Delivered && st.events.len() > 1 {
+                st.events.iter().map(|e| e.status).collect()
+            } else {
+                Vec::new()
+            },
         });
         st.fired = true;
         st.waker.take()

@@ -561,6 +561,52 @@ mod tests {
         assert!(out.reason.unwrap().contains("sink b: boom"));
     }
 
+    #[tokio::test]
+    async fn a_unit_of_several_events_reports_each_ones_status() {
+        let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
+        let s = b.senders[0].clone();
+        // "1" is delivered earlier, so its copy here is a duplicate.
+        let first = s.send(vec![ev("1")]).await;
+        b.inputs[0].recv().await.unwrap().delivery.delivered();
+        assert!(first.await.is_delivered());
+        let pending = s
+            .send(vec![ev("1"), ev("2"), ev("3"), ev("4"), ev("5")])
+            .await;
+        for (id, how) in [("2", 'd'), ("3", 'f'), ("4", 'r'), ("5", 'd')] {
+            let item = b.inputs[0].recv().await.unwrap();
+            assert_eq!(item.event.id, id);
+            match how {
+                'd' => item.delivery.delivered(),
+                'f' => item.delivery.failed("boom"),
+                _ => item.delivery.rejected("bad"),
+            }
+        }
+        let out = pending.await;
+        assert_eq!(out.status, Status::Rejected, "the worst");
+        assert_eq!(
+            (0..5).map(|i| out.status_of(i)).collect::<Vec<_>>(),
+            [
+                Status::Delivered,
+                Status::Delivered,
+                Status::Failed,
+                Status::Rejected,
+                Status::Delivered
+            ]
+        );
+        assert_eq!(out.duplicates, 1);
+        // A unit that was delivered, or of one event, carries no list: every event has `status`.
+        let p = s.send(vec![ev("6"), ev("7")]).await;
+        for _ in 0..2 {
+            b.inputs[0].recv().await.unwrap().delivery.delivered();
+        }
+        let out = p.await;
+        assert!(out.each.is_empty() && out.status_of(1) == Status::Delivered);
+        let p = s.send(vec![ev("8")]).await;
+        b.inputs[0].recv().await.unwrap().delivery.failed("x");
+        let out = p.await;
+        assert!(out.each.is_empty() && out.status_of(0) == Status::Failed);
+    }
+
     fn with_dead_letter() -> Built {
         let mut sp = spec(
             &[("a", 10, WhenFull::Block), ("dl", 10, WhenFull::Block)],

@@ -224,6 +224,7 @@ mod tests {
             reason: None,
             events: 1,
             duplicates: 0,
+            each: Vec::new(),
         }
     }
 
