@@ -1,10 +1,10 @@
 //! Duplicate suppression on (source, id), the key the CloudEvents spec defines, scoped per
 //! ingress source by default (`pipeline.dedup.scope`).
 //!
-//! Bounded twice: by a time window and by a capacity (the oldest entries go first when full).
+//! Bounded twice: by a time window and by a capacity (a full set gives up its oldest entry).
 //! Keys are 128-bit XXH3 hashes of `source \xff id` (seeded with the ingress source under
-//! `scope: source`), so an entry costs the same whatever the id length: about 100 bytes with the
-//! map's and the expiry queue's overhead (see docs/architecture.md). An entry is "in flight"
+//! `scope: source`), so an entry costs the same whatever the id length: 64 bytes of table per
+//! key of capacity (see [`Dedup`] and docs/architecture.md). An entry is "in flight"
 //! until its event is settled: delivered entries stay for the window, failed ones are forgotten
 //! so the sender's retry goes through.
 //!
@@ -12,8 +12,7 @@
 //! overwrites the slot of the key `capacity` places older, so the table never holds more rows
 //! than the memory does, and loading it at start-up reads at most `capacity` rows.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -74,67 +73,53 @@ pub enum Check {
     InFlight,
 }
 
-#[derive(Clone, Copy)]
-struct Entry {
-    at_ms: u64,
-    done: bool,
+/// Slots per set: a key lives in one set, found by comparing eight tags.
+const WAYS: usize = 8;
+/// Slots per unit of `capacity`: four, so a set overflows (and gives up an entry younger than
+/// `capacity` newer keys) only rarely: at full rate about one key in a thousand, below it
+/// almost never (see [`Dedup`]).
+const SLOTS_PER_KEY: usize = 4;
+
+/// One set: the tags in the first cache line, their stamps in the second (128-byte aligned, so
+/// the pair is one adjacent-line fetch). A tag of 0 is an empty slot; a stamp is
+/// `recorded_at_ms << 1 | delivered`.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(128))]
+struct Set {
+    tags: [u64; WAYS],
+    stamps: [u64; WAYS],
 }
 
-/// The keys are already uniform hashes: use their low bits directly.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u128(&mut self, v: u128) {
-        self.0 = v as u64;
-    }
+/// The slot of `tag` in a set: its position and stamp.
+fn find(set: &Set, tag: u64) -> Option<(usize, u64)> {
+    set.tags
+        .iter()
+        .position(|&t| t == tag)
+        .map(|i| (i, set.stamps[i]))
 }
 
-#[derive(Default)]
+/// A set-associative table of keys: no per-key allocation, and an entry that expires or is
+/// pushed out is never touched again until its slot is reused. The previous design (a hash
+/// map plus an insertion-order queue) paid two cache misses per new key to evict the oldest
+/// one; here a check is one set (two adjacent cache lines).
 struct Shard {
-    map: HashMap<u128, Entry, BuildHasherDefault<KeyHasher>>,
-    /// Insertion order for expiry and eviction; may hold stale pairs of forgotten keys.
-    order: VecDeque<(u64, u128)>,
+    sets: Box<[Set]>,
 }
 
 impl Shard {
-    fn expire(&mut self, now_ms: u64, window_ms: u64) {
-        while let Some(&(at, key)) = self.order.front() {
-            if at + window_ms > now_ms {
-                break;
-            }
-            self.order.pop_front();
-            if self.map.get(&key).is_some_and(|e| e.at_ms == at) {
-                self.map.remove(&key);
-            }
+    fn new(sets: usize) -> Self {
+        Shard {
+            sets: vec![Set::default(); sets.max(1)].into_boxed_slice(),
         }
     }
 
-    /// Removes the oldest live entry. Returns false when the shard is empty.
-    fn evict_oldest(&mut self) -> bool {
-        while let Some((at, key)) = self.order.pop_front() {
-            if self.map.get(&key).is_some_and(|e| e.at_ms == at) {
-                self.map.remove(&key);
-                return true;
-            }
-        }
-        false
-    }
-
-    fn compact_if_stale(&mut self) {
-        if self.order.len() > 2 * self.map.len() + 1024 {
-            let map = &self.map;
-            self.order
-                .retain(|(at, key)| map.get(key).is_some_and(|e| e.at_ms == *at));
-        }
+    /// The set of `key` and its tag. The set comes from the low 64 bits (Lemire's
+    /// multiply-shift range reduction: no power-of-two rounding of the table), the tag from the
+    /// high 64 bits, never 0.
+    fn locate(&mut self, key: u128) -> (&mut Set, u64) {
+        let n = self.sets.len() as u128;
+        let idx = ((key as u64 as u128 * n) >> 64) as usize;
+        (&mut self.sets[idx], (key >> 64) as u64 | 1)
     }
 }
 
@@ -146,13 +131,22 @@ pub struct DedupConfig {
     pub scope: DedupScope,
 }
 
+/// The dedup window.
+///
+/// Sized by `capacity`: the table has [`SLOTS_PER_KEY`] slots per key of capacity, in sets of
+/// [`WAYS`]. A new key takes a free slot of its set (empty, forgotten or past the window);
+/// with none, it takes the oldest entry's slot (`sluice_dedup_evictions_total`). So every key
+/// stays for the window unless its set fills, which needs more than `WAYS` live keys in one
+/// set: with up to `capacity` keys in the window (two per set on average), about one set in
+/// four thousand. Past that rate the table keeps the newest keys of each set: a key
+/// outlives at least `capacity` newer keys with a probability of about 0.999.
 pub struct Dedup {
     shards: Box<[Mutex<Shard>]>,
     window_ms: u64,
-    cap_per_shard: usize,
     scope: DedupScope,
     /// Delivered keys not yet written to the state store.
     unsaved: Mutex<VecDeque<(u128, u64)>>,
+    unsaved_max: usize,
     persistent: bool,
     /// Slots in the persisted ring, and the sequence number of the next write.
     ring_slots: u64,
@@ -168,14 +162,18 @@ pub fn now_ms() -> u64 {
 
 impl Dedup {
     pub fn new(config: DedupConfig, persistent: bool) -> Self {
+        let capacity = config.capacity.max(1);
+        let sets_per_shard = (capacity * SLOTS_PER_KEY).div_ceil(WAYS * SHARDS);
         Dedup {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(Shard::new(sets_per_shard)))
+                .collect(),
             window_ms: config.window.as_millis() as u64,
-            cap_per_shard: config.capacity.div_ceil(SHARDS).max(1),
             scope: config.scope,
             unsaved: Mutex::new(VecDeque::new()),
+            unsaved_max: capacity,
             persistent,
-            ring_slots: config.capacity.max(1) as u64,
+            ring_slots: capacity as u64,
             ring_next: Mutex::new(0),
             evictions: counter!(DEDUP_EVICTIONS),
         }
@@ -202,26 +200,53 @@ impl Dedup {
     }
 
     pub fn check_at(&self, key: u128, now: u64) -> Check {
+        self.record(key, now, false)
+    }
+
+    /// Looks `key` up at `now`; when it is not live, records it (in flight, or delivered when
+    /// loading) at `now` and returns [`Check::New`].
+    fn record(&self, key: u128, now: u64, delivered: bool) -> Check {
+        let window = self.window_ms;
+        let live = |stamp: u64| (stamp >> 1).saturating_add(window) > now;
         let mut shard = self.shard(key);
-        shard.expire(now, self.window_ms);
-        if let Some(e) = shard.map.get(&key) {
-            return if e.done {
-                Check::Delivered
-            } else {
-                Check::InFlight
-            };
-        }
-        if shard.map.len() >= self.cap_per_shard && shard.evict_oldest() {
-            self.evictions.increment(1);
-        }
-        shard.map.insert(
-            key,
-            Entry {
-                at_ms: now,
-                done: false,
-            },
-        );
-        shard.order.push_back((now, key));
+        let (set, tag) = shard.locate(key);
+        let slot = match find(set, tag) {
+            // Loading: a later delivery of the same key (rows come oldest first) moves it on.
+            Some((i, stamp)) if live(stamp) && delivered => {
+                set.stamps[i] = now << 1 | 1;
+                return Check::Delivered;
+            }
+            Some((_, stamp)) if live(stamp) => {
+                return if stamp & 1 == 1 {
+                    Check::Delivered
+                } else {
+                    Check::InFlight
+                };
+            }
+            // Its own slot, past the window: reused, so a tag is never in a set twice.
+            Some((i, _)) => i,
+            None => {
+                // A free slot, else the oldest entry's.
+                let mut oldest = (0, u64::MAX);
+                let mut free = None;
+                for i in 0..WAYS {
+                    let stamp = set.stamps[i];
+                    if set.tags[i] == 0 || !live(stamp) {
+                        free = Some(i);
+                        break;
+                    }
+                    if stamp < oldest.1 {
+                        oldest = (i, stamp);
+                    }
+                }
+                free.unwrap_or_else(|| {
+                    self.evictions.increment(1);
+                    oldest.0
+                })
+            }
+        };
+        set.tags[slot] = tag;
+        set.stamps[slot] = now << 1 | u64::from(delivered);
         Check::New
     }
 
@@ -231,8 +256,9 @@ impl Dedup {
     pub fn confirm(&self, key: u128, at: u64) {
         {
             let mut shard = self.shard(key);
-            match shard.map.get_mut(&key) {
-                Some(e) if e.at_ms == at => e.done = true,
+            let (set, tag) = shard.locate(key);
+            match find(set, tag) {
+                Some((i, stamp)) if stamp >> 1 == at => set.stamps[i] = stamp | 1,
                 _ => return,
             }
         }
@@ -240,7 +266,7 @@ impl Dedup {
             let mut unsaved = self.unsaved.lock().unwrap_or_else(|p| p.into_inner());
             // Bounded: while the store keeps failing, the oldest unsaved keys are given up
             // (they stay in memory; only their survival across a restart is lost).
-            if unsaved.len() >= self.cap_per_shard * SHARDS {
+            if unsaved.len() >= self.unsaved_max {
                 unsaved.pop_front();
             }
             unsaved.push_back((key, at));
@@ -251,17 +277,30 @@ impl Dedup {
     /// accepted (and, as with `confirm`, only if the entry is still this event's).
     pub fn forget(&self, key: u128, at: u64) {
         let mut shard = self.shard(key);
-        if shard.map.get(&key).is_some_and(|e| e.at_ms == at) {
-            shard.map.remove(&key);
+        let (set, tag) = shard.locate(key);
+        if let Some((i, stamp)) = find(set, tag) {
+            if stamp >> 1 == at {
+                set.tags[i] = 0;
+            }
         }
-        shard.compact_if_stale();
     }
 
-    /// Live entries (sampled into `sluice_dedup_entries`).
+    /// Live entries (sampled into `sluice_dedup_entries`): a scan of the table.
     pub fn len(&self) -> usize {
+        self.len_at(now_ms())
+    }
+
+    fn len_at(&self, now: u64) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).map.len())
+            .map(|s| {
+                let s = s.lock().unwrap_or_else(|p| p.into_inner());
+                s.sets
+                    .iter()
+                    .flat_map(|set| set.tags.iter().zip(&set.stamps))
+                    .filter(|(&t, &st)| t != 0 && (st >> 1).saturating_add(self.window_ms) > now)
+                    .count()
+            })
             .sum()
     }
 
@@ -288,27 +327,17 @@ impl Dedup {
         })?;
         *self.ring_next.lock().unwrap_or_else(|p| p.into_inner()) =
             rows.iter().map(|r| r.0 + 1).max().unwrap_or(0);
-        // In the order they were recorded, as the expiry queue expects (confirm order, the
-        // ring's sequence, may differ).
+        // In the order they were recorded (confirm order, the ring's sequence, may differ), so
+        // that a full set keeps the newest.
         rows.sort_unstable_by_key(|r| r.2);
         let mut loaded = 0;
         for (_, key, at) in rows {
             if at + self.window_ms <= now {
                 continue;
             }
-            let mut shard = self.shard(key);
-            if shard.map.len() >= self.cap_per_shard {
-                shard.evict_oldest();
+            if self.record(key, at, true) == Check::New {
+                loaded += 1;
             }
-            shard.map.insert(
-                key,
-                Entry {
-                    at_ms: at,
-                    done: true,
-                },
-            );
-            shard.order.push_back((at, key));
-            loaded += 1;
         }
         Ok(loaded)
     }
@@ -340,7 +369,7 @@ impl Dedup {
         if let Err(e) = store.write(DEDUP_TABLE, &puts, &[]) {
             // Put the batch back so the next flush retries it, within the same bound.
             let mut unsaved = self.unsaved.lock().unwrap_or_else(|p| p.into_inner());
-            let room = (self.cap_per_shard * SHARDS).saturating_sub(unsaved.len());
+            let room = self.unsaved_max.saturating_sub(unsaved.len());
             let keep = batch.len().min(room);
             for item in batch.iter().rev().take(keep) {
                 unsaved.push_front(*item);
@@ -443,35 +472,94 @@ mod tests {
         assert_eq!(d.check_at(k, 8), Check::Delivered);
     }
 
-    #[test]
-    fn capacity_evicts_oldest() {
-        let d = dedup(1_000_000, SHARDS); // one entry per shard
-        let keys: Vec<u128> = (0..200).map(|i| dedup_key("s", &i.to_string())).collect();
-        for (i, k) in keys.iter().enumerate() {
-            d.check_at(*k, i as u64);
-        }
-        assert!(d.len() <= SHARDS, "bounded: {}", d.len());
-        // The newest key is still known.
-        assert_eq!(d.check_at(keys[199], 500), Check::InFlight);
+    /// A key of the same shard and set as `k`, the `n`-th found.
+    fn neighbour(d: &Dedup, k: u128, n: usize) -> u128 {
+        let set = |d: &Dedup, key: u128| {
+            let mut shard = d.shard(key);
+            let (set, _) = shard.locate(key);
+            set as *const Set as usize
+        };
+        let target = set(d, k);
+        (0..)
+            .map(|i| dedup_key("neighbour", &i.to_string()))
+            .filter(|&o| o != k && (o >> 124) == (k >> 124) && set(d, o) == target)
+            .nth(n)
+            .unwrap()
     }
 
     #[test]
-    fn stale_order_entries_are_compacted() {
-        let d = dedup(1_000_000, 1_000_000);
-        for i in 0..50_000u64 {
-            let k = dedup_key("s", &i.to_string());
-            d.check_at(k, i);
-            d.forget(k, i);
+    fn a_full_set_gives_up_its_oldest_entry() {
+        let d = dedup(1_000_000, 1000);
+        let first = dedup_key("s", "first");
+        assert_eq!(d.check_at(first, 10), Check::New);
+        d.confirm(first, 10);
+        // Seven newer keys fill the set; the first is still known.
+        let others: Vec<u128> = (0..WAYS).map(|n| neighbour(&d, first, n)).collect();
+        for (t, k) in others.iter().take(WAYS - 1).enumerate() {
+            assert_eq!(d.check_at(*k, 20 + t as u64), Check::New);
         }
-        assert!(d.is_empty());
-        // Every entry was forgotten: compaction keeps at most its slack (1024 + 1) per shard.
-        for (i, s) in d.shards.iter().enumerate() {
-            let stale = s.lock().unwrap().order.len();
-            assert!(
-                stale <= 1025,
-                "shard {i}: the order queue keeps {stale} forgotten keys"
+        assert_eq!(d.check_at(first, 100), Check::Delivered);
+        // An eighth newer key takes the oldest slot: the first's.
+        assert_eq!(d.check_at(others[WAYS - 1], 50), Check::New);
+        assert_eq!(d.check_at(first, 101), Check::New, "evicted, recorded again");
+        // ... which pushed out the next oldest, the second key.
+        assert_eq!(d.check_at(others[0], 102), Check::New);
+        for k in &others[2..] {
+            assert_eq!(d.check_at(*k, 103), Check::InFlight);
+        }
+    }
+
+    #[test]
+    fn memory_is_bounded_by_capacity() {
+        let d = dedup(1_000_000, 1000);
+        for i in 0..100_000u64 {
+            d.check_at(dedup_key("s", &i.to_string()), i);
+        }
+        let live = d.len_at(100_000);
+        // The slots: four per key of capacity, rounded up to whole sets per shard.
+        assert!(live <= 1000 * SLOTS_PER_KEY + WAYS * SHARDS, "bounded: {live}");
+        assert!(live >= 1000, "at least capacity kept: {live}");
+        // The newest 1000 keys are all still known (a set overflows far less often than this).
+        for i in 99_000..100_000u64 {
+            assert_eq!(
+                d.check_at(dedup_key("s", &i.to_string()), 200_000),
+                Check::InFlight,
+                "key {i}"
             );
         }
+    }
+
+    #[test]
+    fn forgotten_and_expired_slots_are_reused_without_evicting() {
+        let before = metrics_evictions(|| {
+            let d = dedup(1000, 100);
+            for i in 0..50_000u64 {
+                let k = dedup_key("s", &i.to_string());
+                assert_eq!(d.check_at(k, i), Check::New);
+                d.forget(k, i);
+            }
+            assert_eq!(d.len_at(50_000), 0);
+            // Past the window every slot is free again: 50 000 keys over 50 s, 10 per window.
+            for i in 0..50_000u64 {
+                let k = dedup_key("t", &i.to_string());
+                assert_eq!(d.check_at(k, 100_000 + i * 100), Check::New);
+                d.confirm(k, 100_000 + i * 100);
+            }
+        });
+        assert_eq!(before, 0, "no live entry was evicted");
+    }
+
+    /// The evictions counted while `f` runs (a local metrics recorder).
+    fn metrics_evictions(f: impl FnOnce()) -> u64 {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, f);
+        let text = handle.render();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(DEDUP_EVICTIONS))
+            .expect("the evictions counter is registered");
+        line.rsplit(' ').next().unwrap().parse().unwrap()
     }
 
     #[test]
