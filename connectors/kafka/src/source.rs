@@ -22,7 +22,8 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use serde::Deserialize;
 use sluice_core::event::{
-    check_extension_name, extension_name_from, Data, Event, EventError, ExtValue, Timestamp,
+    check_extension_name, check_media_type, check_string, extension_name_from, Data, Event,
+    EventError, ExtValue, Timestamp,
 };
 use sluice_core::pull::{InFlight, Watermark};
 use sluice_core::telemetry::{PullTelemetry, Settled};
@@ -508,10 +509,34 @@ impl Record {
     }
 }
 
-/// The records of one unit in flight, each with its partition's generation: a batch of the
-/// records that were ready together, or one record sent again.
+/// The records of one unit in flight, all of one partition (of the assignment `generation`):
+/// a run of records that were ready together, or one record sent again.
 struct Handle {
-    records: Vec<(Record, u64)>,
+    records: Vec<Record>,
+    generation: u64,
+}
+
+/// A run of one partition's records taken together, with their events (`None`: not a valid
+/// event, skipped in its partition's order).
+struct Run {
+    tp: Tp,
+    records: Vec<Record>,
+    events: Vec<Option<Event>>,
+}
+
+impl Run {
+    fn new(tp: Tp, capacity: usize) -> Run {
+        Run {
+            tp,
+            records: Vec::with_capacity(capacity),
+            events: Vec::with_capacity(capacity),
+        }
+    }
+
+    fn push(&mut self, (record, event): Taken) {
+        self.records.push(record);
+        self.events.push(event);
+    }
 }
 
 /// Records taken from librdkafka at once at most: the first and those already waiting behind
@@ -551,13 +576,10 @@ fn retry(sender: SourceSender, event: Event, wait: Duration, stop: CancellationT
     }))
 }
 
-/// A record taken from librdkafka, not yet tracked: `event` is `None` for a record that is
-/// not a valid event (skipped, but in its partition's order). Held as parked while its
-/// partition's watermark (or the window) is full, its partition paused.
-struct Parked {
-    record: Record,
-    event: Option<Event>,
-}
+/// A record taken from librdkafka, not yet tracked, and its event (`None` for a record that is
+/// not a valid event). Held as parked while its partition's watermark (or the window) is full,
+/// its partition paused.
+type Taken = (Record, Option<Event>);
 
 struct KafkaSource {
     name: String,
@@ -623,7 +645,8 @@ impl KafkaSource {
             e = e.with_time(Timestamp::from_utc(t));
         }
         if let Some(k) = r.key.as_deref().and_then(|k| std::str::from_utf8(k).ok()) {
-            e.set_extension("partitionkey", ExtValue::String(k.to_owned()));
+            e.extensions
+                .push(("partitionkey".into(), ExtValue::String(k.to_owned())));
         }
         let mut ct = None;
         for (k, v) in &headers {
@@ -645,7 +668,17 @@ impl KafkaSource {
         if let Some(p) = payload {
             e = e.with_data(ct.clone(), Data::from_bytes(p, ct.as_deref()));
         }
-        e.validate()?;
+        // What came from the record is checked (the content type, the extensions' values,
+        // their names above); the rest is ours: the id, the topic as subject, and `source`
+        // and `type`, checked once at `validate`.
+        if let Some(ct) = &e.datacontenttype {
+            check_media_type(ct)?;
+        }
+        for (name, value) in &e.extensions {
+            if let ExtValue::String(v) = value {
+                check_string(name, v, false)?;
+            }
+        }
         Ok(e)
     }
 
@@ -679,62 +712,76 @@ impl KafkaSource {
         }
     }
 
-    /// Tracks a batch of records in their partitions' watermarks and sends their events as one
+    /// Tracks a run of one partition's records in its watermark and sends their events as one
     /// unit. The caller has checked the window's room. Returns, in order, the records to park:
-    /// those whose partition's watermark is full (the partition is paused) and any later record
-    /// of such a partition.
+    /// from the first that finds the watermark full (the partition is then paused) on.
     async fn offer(
         &self,
         ctx: &SourceContext,
-        batch: Vec<Parked>,
+        run: Run,
         window: &mut InFlight<Handle, Attempt>,
         in_flight: &mut usize,
-    ) -> Vec<Parked> {
-        let mut back: Vec<Parked> = Vec::new();
-        let mut records = Vec::with_capacity(batch.len());
-        let mut events = Vec::with_capacity(batch.len());
-        let mut pause = Vec::new();
-        {
+    ) -> Vec<Taken> {
+        let Run {
+            tp,
+            records,
+            events,
+        } = run;
+        let n = records.len();
+        let mut kept = Vec::with_capacity(n);
+        let mut sent = Vec::with_capacity(n);
+        let mut back = Vec::new();
+        let mut pause = false;
+        let generation = {
             let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
-            for p in batch {
-                if back.iter().any(|b| b.record.tp == p.record.tp) {
-                    back.push(p); // behind a parked record of its partition
+            let Some(part) = s.parts.get_mut(&tp) else {
+                return back; // revoked meanwhile: the new owner reads them
+            };
+            let mut skipped = false;
+            for (record, event) in records.into_iter().zip(events) {
+                if !back.is_empty() {
+                    back.push((record, event));
                     continue;
                 }
-                let Some(part) = s.parts.get_mut(&p.record.tp) else {
-                    continue; // revoked meanwhile: the new owner reads it
-                };
-                let pos = p.record.offset as u64;
+                let pos = record.offset as u64;
                 match part.wm.push(pos) {
-                    Ok(true) => match p.event {
+                    Ok(true) => match event {
                         Some(event) => {
-                            records.push((p.record, part.generation));
-                            events.push(event);
+                            kept.push(record);
+                            sent.push(event);
                         }
                         None => {
                             // Not a valid event: skipped, committed past in its turn.
                             part.wm.delivered(pos);
-                            part.wm.advance(|_| ());
+                            skipped = true;
                         }
                     },
                     Ok(false) => {} // a position already tracked
                     Err(_) => {
-                        if !part.paused {
-                            part.paused = true;
-                            pause.push(p.record.tp.clone());
-                        }
-                        back.push(p);
+                        pause = !part.paused;
+                        part.paused = true;
+                        back.push((record, event));
                     }
                 }
             }
+            if skipped {
+                part.wm.advance(|_| ());
+            }
+            part.generation
+        };
+        if pause {
+            self.pause(&tp, true);
         }
-        for tp in &pause {
-            self.pause(tp, true);
-        }
-        if !records.is_empty() {
-            *in_flight += records.len();
-            let pending = ctx.sender.send(events).await;
-            window.push(Handle { records }, Attempt::First(pending));
+        if !kept.is_empty() {
+            *in_flight += kept.len();
+            let pending = ctx.sender.send(sent).await;
+            window.push(
+                Handle {
+                    records: kept,
+                    generation,
+                },
+                Attempt::First(pending),
+            );
         }
         self.telemetry.in_flight.set(*in_flight as f64);
         back
@@ -760,7 +807,7 @@ impl KafkaSource {
                 .records
                 .iter()
                 .enumerate()
-                .map(|(i, (r, _))| match outcome.status_of(i) {
+                .map(|(i, r)| match outcome.status_of(i) {
                     Status::Failed | Status::InFlight => match self.to_event(r) {
                         Ok(e) => Some(e),
                         Err(e) => {
@@ -775,67 +822,58 @@ impl KafkaSource {
         let n = h.records.len();
         let (mut acked, mut skipped, mut failed) = (0, 0, 0);
         let mut retries = Vec::new();
-        let mut touched: Vec<Tp> = Vec::new();
-        let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
         let mut result = Ok(());
-        for (i, (record, generation)) in h.records.into_iter().enumerate() {
-            let Some(part) = s
-                .parts
-                .get_mut(&record.tp)
+        let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
+        let generation = h.generation;
+        let part = h.records.first().and_then(|r| {
+            s.parts
+                .get_mut(&r.tp)
                 .filter(|p| p.generation == generation)
-            else {
-                continue; // revoked: what was committed stays
-            };
-            let pos = record.offset as u64;
-            match outcome.status_of(i) {
-                Status::Delivered => {
-                    part.wm.delivered(pos);
-                    acked += 1;
-                }
-                Status::Rejected => match self.on_rejected {
-                    OnRejected::Skip => {
-                        tracing::warn!(source = %self.name, topic = %record.tp.0, partition = record.tp.1, offset = record.offset, reason = outcome.reason.as_deref().unwrap_or(""), "kafka: a sink rejected the event; committed past it (on_rejected: skip)");
+        });
+        // None: revoked, what was committed stays.
+        if let Some(part) = part {
+            for (i, record) in h.records.into_iter().enumerate() {
+                let pos = record.offset as u64;
+                match outcome.status_of(i) {
+                    Status::Delivered => {
                         part.wm.delivered(pos);
-                        skipped += 1;
+                        acked += 1;
                     }
-                    OnRejected::Stop => {
-                        result = Err(format!(
-                            "a sink rejected the event of {}-{} offset {} ({}); stopping with the commit before it (on_rejected: stop)",
-                            record.tp.0,
-                            record.tp.1,
-                            record.offset,
-                            outcome.reason.as_deref().unwrap_or("no reason")
-                        ));
-                        break;
-                    }
-                },
-                Status::Failed | Status::InFlight => {
-                    let attempts = part.wm.failed(pos).unwrap_or(1);
-                    failed += 1;
-                    if stop.is_cancelled() {
-                        continue; // held: not committed, read again after the restart
-                    }
-                    match again.get_mut(i).and_then(Option::take) {
-                        Some(event) => {
-                            retries.push((record, generation, event, attempts));
-                            continue;
-                        }
-                        // Made once already, so this cannot fail; if it did, the record is
-                        // skipped as one that was never a valid event.
-                        None => {
+                    Status::Rejected => match self.on_rejected {
+                        OnRejected::Skip => {
+                            tracing::warn!(source = %self.name, topic = %record.tp.0, partition = record.tp.1, offset = record.offset, reason = outcome.reason.as_deref().unwrap_or(""), "kafka: a sink rejected the event; committed past it (on_rejected: skip)");
                             part.wm.delivered(pos);
+                            skipped += 1;
+                        }
+                        OnRejected::Stop => {
+                            result = Err(format!(
+                                "a sink rejected the event of {}-{} offset {} ({}); stopping with the commit before it (on_rejected: stop)",
+                                record.tp.0,
+                                record.tp.1,
+                                record.offset,
+                                outcome.reason.as_deref().unwrap_or("no reason")
+                            ));
+                            break;
+                        }
+                    },
+                    Status::Failed | Status::InFlight => {
+                        let attempts = part.wm.failed(pos).unwrap_or(1);
+                        failed += 1;
+                        if stop.is_cancelled() {
+                            continue; // held: not committed, read again after the restart
+                        }
+                        match again.get_mut(i).and_then(Option::take) {
+                            Some(event) => retries.push((record, event, attempts)),
+                            // Made once already, so this cannot fail; if it did, the record
+                            // is skipped as one that was never a valid event.
+                            None => {
+                                part.wm.delivered(pos);
+                            }
                         }
                     }
                 }
             }
-            if touched.last() != Some(&record.tp) && !touched.contains(&record.tp) {
-                touched.push(record.tp);
-            }
-        }
-        for tp in &touched {
-            if let Some(part) = s.parts.get_mut(tp) {
-                part.wm.advance(|_| ());
-            }
+            part.wm.advance(|_| ());
         }
         drop(s);
         *in_flight -= n - retries.len();
@@ -848,12 +886,13 @@ impl KafkaSource {
         if failed > 0 {
             self.telemetry.settled(Settled::Retry, failed);
         }
-        for (record, generation, event, attempts) in retries {
+        for (record, event, attempts) in retries {
             self.telemetry.redeliveries.increment(1);
             let wait = Watermark::backoff(attempts);
             window.push(
                 Handle {
-                    records: vec![(record, generation)],
+                    records: vec![record],
+                    generation,
                 },
                 retry(ctx.sender.clone(), event, wait, stop.clone()),
             );
@@ -895,7 +934,7 @@ impl KafkaSource {
 
     /// What a record taken from librdkafka becomes: its parts, and its event (`None`, logged
     /// and counted, when it is not a valid one).
-    fn take(&self, m: &BorrowedMessage<'_>, topic: &mut Arc<str>, ctx: &SourceContext) -> Parked {
+    fn take(&self, m: &BorrowedMessage<'_>, topic: &mut Arc<str>, ctx: &SourceContext) -> Taken {
         // One topic's name is shared by its records, not allocated per record.
         if **topic != *m.topic() {
             *topic = Arc::from(m.topic());
@@ -912,7 +951,7 @@ impl KafkaSource {
                 None
             }
         };
-        Parked { record, event }
+        (record, event)
     }
 
     async fn run(mut self, ctx: SourceContext) -> Result<(), ConnectorError> {
@@ -924,7 +963,7 @@ impl KafkaSource {
         let mut in_flight = 0usize;
         // Records taken from librdkafka that found no room yet, per partition, in order;
         // bounded by the window (no more are taken while it is full).
-        let mut parked: HashMap<Tp, VecDeque<Parked>> = HashMap::new();
+        let mut parked: HashMap<Tp, VecDeque<Taken>> = HashMap::new();
         let mut parked_total = 0usize;
         let mut topic: Arc<str> = Arc::from("");
         let mut commits = tokio::time::interval(self.commit_interval);
@@ -948,9 +987,10 @@ impl KafkaSource {
                 for tp in keys {
                     let q = parked.get_mut(&tp).expect("a parked partition");
                     let take = q.len().min(self.window - in_flight);
-                    let batch: Vec<Parked> = q.drain(..take).collect();
+                    let mut run = Run::new(tp.clone(), take);
+                    q.drain(..take).for_each(|t| run.push(t));
                     parked_total -= take;
-                    let back = self.offer(&ctx, batch, &mut window, &mut in_flight).await;
+                    let back = self.offer(&ctx, run, &mut window, &mut in_flight).await;
                     parked_total += back.len();
                     let q = parked.get_mut(&tp).expect("a parked partition");
                     for p in back.into_iter().rev() {
@@ -987,7 +1027,7 @@ impl KafkaSource {
                         // Runs of one partition's records: a unit holds one run, so a slow
                         // event holds back only neighbours its partition's commit waits for
                         // anyway.
-                        let mut runs: Vec<Vec<Parked>> = Vec::new();
+                        let mut runs: Vec<Run> = Vec::new();
                         let mut m = m;
                         let mut taken = 0;
                         loop {
@@ -996,20 +1036,25 @@ impl KafkaSource {
                             // from every other task (the admin server's /metrics and /health
                             // included).
                             tokio::task::consume_budget().await;
-                            let p = self.take(&m, &mut topic, &ctx);
+                            let t = self.take(&m, &mut topic, &ctx);
                             drop(m);
-                            match parked.get_mut(&p.record.tp) {
-                                // Behind its partition's parked records.
+                            taken += 1;
+                            // Behind its partition's parked records, if it has any.
+                            match parked.get_mut(&t.0.tp).filter(|_| parked_total > 0) {
                                 Some(q) => {
-                                    q.push_back(p);
+                                    q.push_back(t);
                                     parked_total += 1;
                                 }
                                 None => match runs.last_mut() {
-                                    Some(run) if run[0].record.tp == p.record.tp => run.push(p),
-                                    _ => runs.push(vec![p]),
+                                    Some(run) if run.tp == t.0.tp => run.push(t),
+                                    _ => {
+                                        let mut run =
+                                            Run::new(t.0.tp.clone(), (max - taken + 1).min(64));
+                                        run.push(t);
+                                        runs.push(run);
+                                    }
                                 },
                             }
-                            taken += 1;
                             if taken >= max {
                                 break;
                             }
@@ -1028,13 +1073,14 @@ impl KafkaSource {
                             };
                         }
                         for run in runs {
-                            let back = match parked.get_mut(&run[0].record.tp) {
+                            let back = if parked_total > 0 && parked.contains_key(&run.tp) {
                                 // An earlier run of its partition was parked: behind it.
-                                Some(_) => run,
-                                None => self.offer(&ctx, run, &mut window, &mut in_flight).await,
+                                run.records.into_iter().zip(run.events).collect()
+                            } else {
+                                self.offer(&ctx, run, &mut window, &mut in_flight).await
                             };
-                            for p in back {
-                                parked.entry(p.record.tp.clone()).or_default().push_back(p);
+                            for t in back {
+                                parked.entry(t.0.tp.clone()).or_default().push_back(t);
                                 parked_total += 1;
                             }
                         }

@@ -473,3 +473,88 @@ async fn a_backlog_does_not_keep_the_thread_from_other_tasks() {
     sluice_core::testkit::assert_yields_while_reading("k-yield", N).await;
     got.wait_for(N).await;
 }
+
+/// A partition whose watermark is full is paused and its records parked, in order, while the
+/// other partition goes on; a record that is not a valid event is skipped in its turn and
+/// committed past. Every valid record is delivered once, in its partition's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_partition_parks_its_records_in_order_and_skips_invalid_ones() {
+    let c = cluster();
+    let bs = c.bootstrap_servers();
+    c.create_topic("park", 2, 1).unwrap();
+    produce(&bs, "park", 2, 20, 0).await; // offsets 0..10 in each partition
+    // Offset 10 of partition 0: a binary CloudEvent without `ce_id` (not a valid event).
+    let p: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bs)
+        .create()
+        .unwrap();
+    p.send(
+        FutureRecord::<(), _>::to("park")
+            .partition(0)
+            .payload("{}")
+            .headers(
+                OwnedHeaders::new()
+                    .insert(Header {
+                        key: "ce_specversion",
+                        value: Some("1.0"),
+                    })
+                    .insert(Header {
+                        key: "ce_source",
+                        value: Some("/x"),
+                    })
+                    .insert(Header {
+                        key: "ce_type",
+                        value: Some("t"),
+                    }),
+            ),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    produce(&bs, "park", 2, 4, 20).await; // offsets 11, 12 of partition 0; 10, 11 of partition 1
+    let mut rig = SourceRig::new("k-park");
+    let _t = start(
+        "k-park",
+        serde_json::json!({"brokers": bs, "topics": ["park"], "group": "g-park",
+            "max_in_flight": 100, "max_in_flight_per_partition": 3, "commit_interval": "50ms"}),
+        &mut rig,
+    )
+    .await;
+    let mut cap = rig.capture();
+    // With nothing settled, each partition has at most 3 records in flight.
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        held.push(cap.next_within(Duration::from_secs(15)).await);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        cap.try_next().is_none(),
+        "a fourth record of a partition while three are in flight"
+    );
+    let mut got: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let note = |got: &mut BTreeMap<String, Vec<i64>>, e: &Event| {
+        let (part, offset) = e.id.strip_prefix("park-").unwrap().split_once('-').unwrap();
+        got.entry(part.to_owned())
+            .or_default()
+            .push(offset.parse().unwrap());
+    };
+    for h in held {
+        note(&mut got, &h.event);
+        h.delivery.delivered();
+    }
+    for _ in 6..24 {
+        note(&mut got, &cap.deliver_next().await);
+    }
+    assert_eq!(got["0"], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12], "partition 0");
+    assert_eq!(got["1"], (0..12).collect::<Vec<i64>>(), "partition 1");
+    wait_committed(&bs, "g-park", "park", &[13, 12]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(cap.try_next().is_none(), "nothing delivered twice");
+    assert_eq!(
+        metric(
+            sluice_core::telemetry::EVENTS_REJECTED,
+            &[("source", "k-park"), ("reason", "invalid_event")]
+        ),
+        1.0
+    );
+}
