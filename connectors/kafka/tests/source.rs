@@ -157,7 +157,10 @@ async fn commits_stop_at_the_first_undelivered_record_and_failures_are_retried()
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     while committed_now().await.unwrap()[1] != 20 {
-        assert!(tokio::time::Instant::now() < deadline, "partition 1 committed");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "partition 1 committed"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -483,7 +486,7 @@ async fn a_full_partition_parks_its_records_in_order_and_skips_invalid_ones() {
     let bs = c.bootstrap_servers();
     c.create_topic("park", 2, 1).unwrap();
     produce(&bs, "park", 2, 20, 0).await; // offsets 0..10 in each partition
-    // Offset 10 of partition 0: a binary CloudEvent without `ce_id` (not a valid event).
+                                          // Offset 10 of partition 0: a binary CloudEvent without `ce_id` (not a valid event).
     let p: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &bs)
         .create()
@@ -545,7 +548,11 @@ async fn a_full_partition_parks_its_records_in_order_and_skips_invalid_ones() {
     for _ in 6..24 {
         note(&mut got, &cap.deliver_next().await);
     }
-    assert_eq!(got["0"], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12], "partition 0");
+    assert_eq!(
+        got["0"],
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12],
+        "partition 0"
+    );
     assert_eq!(got["1"], (0..12).collect::<Vec<i64>>(), "partition 1");
     wait_committed(&bs, "g-park", "park", &[13, 12]).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -501,7 +501,11 @@ mod tests {
         assert_eq!(d.check_at(first, 100), Check::Delivered);
         // An eighth newer key takes the oldest slot: the first's.
         assert_eq!(d.check_at(others[WAYS - 1], 50), Check::New);
-        assert_eq!(d.check_at(first, 101), Check::New, "evicted, recorded again");
+        assert_eq!(
+            d.check_at(first, 101),
+            Check::New,
+            "evicted, recorded again"
+        );
         // ... which pushed out the next oldest, the second key.
         assert_eq!(d.check_at(others[0], 102), Check::New);
         for k in &others[2..] {
@@ -517,7 +521,10 @@ mod tests {
         }
         let live = d.len_at(100_000);
         // The slots: four per key of capacity, rounded up to whole sets per shard.
-        assert!(live <= 1000 * SLOTS_PER_KEY + WAYS * SHARDS, "bounded: {live}");
+        assert!(
+            live <= 1000 * SLOTS_PER_KEY + WAYS * SHARDS,
+            "bounded: {live}"
+        );
         assert!(live >= 1000, "at least capacity kept: {live}");
         // The newest 1000 keys are all still known (a set overflows far less often than this).
         for i in 99_000..100_000u64 {
