@@ -299,20 +299,6 @@ struct Minted {
     time: Timestamp,
 }
 
-/// Messages taken from the connection at once at most: the first and those already waiting
-/// behind it, sent as one unit, so a backlog goes through the pipeline in batches while a
-/// trickle still goes one by one.
-const BATCH: usize = 256;
-
-/// QoS 1 and 2 messages taken together, not yet sent: their sequence numbers and events, and
-/// whether their ids were made here (fresh UUIDv7s, past dedup).
-#[derive(Default)]
-struct Batch {
-    seqs: Vec<u64>,
-    events: Vec<Event>,
-    skip_dedup: bool,
-}
-
 struct MqttSource {
     name: String,
     cfg: MqttSourceConfig,
@@ -401,11 +387,8 @@ impl MqttSource {
             self.cfg.max_in_flight,
             self.name.clone(),
         ));
-        // Entries are units (a batch of messages, or one sent again); messages in flight are
-        // counted in `in_flight` and bounded by max_in_flight, so units are too.
-        let mut window: InFlight<Vec<u64>> =
+        let mut window: InFlight<u64> =
             InFlight::new(self.cfg.max_in_flight, Duration::from_secs(3600));
-        let mut in_flight = 0usize;
         // Room for the window and as many again settled behind an unsettled one.
         let mut marks = Watermark::new(self.cfg.max_in_flight * 2);
         let mut entries: HashMap<u64, Entry<P>> = HashMap::new();
@@ -429,44 +412,41 @@ impl MqttSource {
             }
             // The ordered-ack tracker holds what is in the window, what waits for a retry and
             // what is settled behind an unsettled one: stop taking when either is full.
-            let room = self.cfg.max_in_flight.saturating_sub(in_flight);
-            let taking = room > 0 && !marks.is_full() && (!stopping || self.cfg.clean_session);
+            let taking =
+                window.room() > 0 && !marks.is_full() && (!stopping || self.cfg.clean_session);
             let retry_due = retries.iter().map(|r| r.0).min();
             tokio::select! {
                 biased;
-                Some((seqs, outcome)) = window.next(), if !window.is_empty() => {
-                    in_flight -= seqs.len();
-                    for (i, seq) in seqs.into_iter().enumerate() {
-                        match outcome.status_of(i) {
-                            Status::Delivered => {
-                                self.telemetry.settled(Settled::Ack, 1);
-                                marks.delivered(seq);
-                            }
-                            Status::Rejected => {
+                Some((seq, outcome)) = window.next(), if !window.is_empty() => {
+                    match outcome.status {
+                        Status::Delivered | Status::Rejected => {
+                            if outcome.status == Status::Rejected {
                                 tracing::warn!(source = %self.name, reason = outcome.reason.as_deref().unwrap_or(""), "mqtt: event rejected by a sink; acknowledged");
                                 self.telemetry.settled(Settled::Reject, 1);
-                                marks.delivered(seq);
+                            } else {
+                                self.telemetry.settled(Settled::Ack, 1);
                             }
-                            Status::Failed | Status::InFlight => {
-                                if stopping {
-                                    // Not acknowledged: the broker resends it.
-                                    entries.remove(&seq);
-                                } else if let Some(e) = entries.get_mut(&seq) {
-                                    e.attempts += 1;
-                                    marks.failed(seq);
-                                    self.telemetry.settled(Settled::Retry, 1);
-                                    retries.push((Instant::now() + Watermark::backoff(e.attempts), seq));
-                                }
+                            marks.delivered(seq);
+                        }
+                        Status::Failed | Status::InFlight => {
+                            if stopping {
+                                // Not acknowledged: the broker resends it.
+                                entries.remove(&seq);
+                            } else if let Some(e) = entries.get_mut(&seq) {
+                                e.attempts += 1;
+                                marks.failed(seq);
+                                self.telemetry.settled(Settled::Retry, 1);
+                                retries.push((Instant::now() + Watermark::backoff(e.attempts), seq));
                             }
                         }
                     }
                     self.release::<P>(&client, &mut marks, &mut entries, generation).await;
-                    self.telemetry.in_flight.set(in_flight as f64);
+                    self.telemetry.in_flight.set(window.len() as f64);
                 }
-                _ = tokio::time::sleep_until(retry_due.unwrap_or_else(Instant::now)), if retry_due.is_some() && room > 0 => {
+                _ = tokio::time::sleep_until(retry_due.unwrap_or_else(Instant::now)), if retry_due.is_some() && window.room() > 0 => {
                     let now = Instant::now();
                     retries.sort_by_key(|r| r.0);
-                    let ready = retries.iter().take_while(|r| r.0 <= now).count().min(room);
+                    let ready = retries.iter().take_while(|r| r.0 <= now).count().min(window.room());
                     let due: Vec<(Instant, u64)> = retries.drain(..ready).collect();
                     for (_, seq) in due {
                         let Some(e) = entries.get(&seq) else { continue };
@@ -476,8 +456,7 @@ impl MqttSource {
                         self.telemetry.redeliveries.increment(1);
                         let opts = SendOptions { skip_dedup: e.minted.is_some(), ..SendOptions::default() };
                         if let Ok(p) = ctx.sender.send_with(vec![event], opts).await {
-                            window.push(vec![seq], p);
-                            in_flight += 1;
+                            window.push(seq, p);
                         }
                     }
                 }
@@ -490,39 +469,15 @@ impl MqttSource {
                             client = c;
                         }
                         Some(Arrival::Publish(p, g)) => {
-                            // This message and those already waiting behind it, as one unit
-                            // (a run of them that share their dedup treatment).
-                            let mut batch = Batch::default();
-                            let mut next = Some((p, g));
-                            let mut after = None;
-                            let mut taken = 0;
-                            while let Some((p, g)) = next.take() {
-                                let (q, dup) = { let v = P::view(&p); (v.qos, v.dup) };
-                                if q == 0 {
-                                    queued0.fetch_sub(1, Ordering::Relaxed);
-                                }
-                                if dup {
-                                    self.telemetry.redeliveries.increment(1);
-                                }
-                                self.take::<P>(&ctx, p, g, &mut next_seq, &mut marks, &mut entries, &mut batch, &mut window, &mut in_flight).await;
-                                taken += 1;
-                                if taken >= BATCH || taken >= room || marks.is_full() {
-                                    break;
-                                }
-                                match rx.try_recv() {
-                                    Ok(Arrival::Publish(p, g)) => next = Some((p, g)),
-                                    Ok(other) => after = Some(other),
-                                    Err(_) => {}
-                                }
+                            let (q, dup) = { let v = P::view(&p); (v.qos, v.dup) };
+                            if q == 0 {
+                                queued0.fetch_sub(1, Ordering::Relaxed);
                             }
-                            self.flush(&ctx, &mut batch, &mut window, &mut in_flight).await;
+                            if dup {
+                                self.telemetry.redeliveries.increment(1);
+                            }
+                            self.take::<P>(&ctx, p, g, &mut next_seq, &mut marks, &mut entries, &mut window).await;
                             self.release::<P>(&client, &mut marks, &mut entries, generation).await;
-                            if let Some(Arrival::Connected(g, c)) = after {
-                                tracing::info!(source = %self.name, "mqtt: reconnected (messages not acknowledged before are resent by the broker)");
-                                self.telemetry.reconnects.increment(1);
-                                generation = g;
-                                client = c;
-                            }
                         }
                         None => return Err(ConnectorError(format!("mqtt source {}: the connection task ended", self.name))),
                     }
@@ -542,34 +497,6 @@ impl MqttSource {
         Ok(())
     }
 
-    /// Sends the messages batched so far as one unit.
-    async fn flush(
-        &self,
-        ctx: &SourceContext,
-        batch: &mut Batch,
-        window: &mut InFlight<Vec<u64>>,
-        in_flight: &mut usize,
-    ) {
-        if batch.seqs.is_empty() {
-            return;
-        }
-        let opts = SendOptions {
-            skip_dedup: batch.skip_dedup,
-            ..SendOptions::default()
-        };
-        let events = std::mem::take(&mut batch.events);
-        let seqs = std::mem::take(&mut batch.seqs);
-        let n = seqs.len();
-        // No send timeout is set: the send waits for room and cannot fail.
-        if let Ok(pending) = ctx.sender.send_with(events, opts).await {
-            window.push(seqs, pending);
-            *in_flight += n;
-            self.telemetry.in_flight.set(*in_flight as f64);
-        }
-    }
-
-    /// Takes one message: a QoS 0 one is sent at once (after the batch, to keep the order), a
-    /// QoS 1 or 2 one is tracked in arrival order and joins the batch.
     #[allow(clippy::too_many_arguments)]
     async fn take<P: Proto>(
         &self,
@@ -579,14 +506,11 @@ impl MqttSource {
         next_seq: &mut u64,
         marks: &mut Watermark,
         entries: &mut HashMap<u64, Entry<P>>,
-        batch: &mut Batch,
-        window: &mut InFlight<Vec<u64>>,
-        in_flight: &mut usize,
+        window: &mut InFlight<u64>,
     ) {
         let view = P::view(&p);
         let converted = self.to_event(&view, None);
         if view.qos == 0 {
-            self.flush(ctx, batch, window, in_flight).await;
             match converted {
                 Ok((event, minted)) => {
                     let _ = ctx
@@ -612,7 +536,10 @@ impl MqttSource {
         let _ = marks.push(seq);
         match converted {
             Ok((event, minted)) => {
-                let skip_dedup = minted.is_some();
+                let opts = SendOptions {
+                    skip_dedup: minted.is_some(),
+                    ..SendOptions::default()
+                };
                 entries.insert(
                     seq,
                     Entry {
@@ -622,12 +549,10 @@ impl MqttSource {
                         attempts: 0,
                     },
                 );
-                if !batch.seqs.is_empty() && batch.skip_dedup != skip_dedup {
-                    self.flush(ctx, batch, window, in_flight).await;
+                // No send timeout is set: the send waits for room and cannot fail.
+                if let Ok(pending) = ctx.sender.send_with(vec![event], opts).await {
+                    window.push(seq, pending);
                 }
-                batch.skip_dedup = skip_dedup;
-                batch.seqs.push(seq);
-                batch.events.push(event);
             }
             Err(e) => {
                 tracing::warn!(source = %self.name, topic = %view.topic, error = %e, "mqtt: not a valid CloudEvent; acknowledged without delivery (MQTT has no dead-letter)");
