@@ -454,8 +454,8 @@ impl StreamsSource {
             }
         }
         let batch = st.take_acks();
-        if let Err(failed) = self.xack(&mut ctl, batch).await {
-            tracing::warn!(source = %self.name, entries = failed.len(), "redis-streams: the last XACK failed; those entries stay pending and are delivered again after claim_idle (dedup drops the repeats)");
+        if let Err((failed, e)) = self.xack(&mut ctl, batch).await {
+            tracing::warn!(source = %self.name, entries = failed.len(), error = %e, "redis-streams: the last XACK failed; those entries stay pending and are delivered again after claim_idle (dedup drops the repeats)");
         }
         tracing::debug!(source = %self.name, "redis-streams: stopped");
         Ok(())
@@ -564,9 +564,12 @@ impl StreamsSource {
         let batch = st.take_acks();
         match self.xack(ctl, batch).await {
             Ok(()) => st.ack_hold = None,
-            Err(failed) => {
-                tracing::warn!(source = %self.name, entries = failed.len(), retry_in = ?ACK_RETRY, "redis-streams: XACK failed; the entries stay pending until it is sent again");
-                st.ack_failed(failed);
+            Err((failed, e)) => {
+                tracing::warn!(source = %self.name, entries = failed.len(), error = %e, retry_in = ?ACK_RETRY, "redis-streams: XACK failed; the entries stay pending until it is sent again");
+                let dropped = st.ack_failed(failed);
+                if dropped > 0 {
+                    tracing::warn!(source = %self.name, entries = dropped, kept = ACKS_KEPT, "redis-streams: too many acknowledgements waiting; the oldest were given up (those entries are delivered again after claim_idle, and dedup drops the repeats)");
+                }
             }
         }
     }
@@ -577,7 +580,7 @@ impl StreamsSource {
         &self,
         ctl: &mut ConnectionManager,
         batch: Vec<(usize, String)>,
-    ) -> Result<(), Vec<(usize, String)>> {
+    ) -> Result<(), (Vec<(usize, String)>, redis::RedisError)> {
         if batch.is_empty() {
             return Ok(());
         }
@@ -595,10 +598,7 @@ impl StreamsSource {
         }
         match pipe.query_async::<()>(ctl).await {
             Ok(()) => Ok(()),
-            Err(e) => {
-                tracing::debug!(source = %self.name, error = %e, "redis-streams: XACK");
-                Err(batch)
-            }
+            Err(e) => Err((batch, e)),
         }
     }
 
@@ -759,16 +759,16 @@ impl State {
     }
 
     /// Puts back the entries of a failed `XACK`, ahead of any newer ones, to be sent after
-    /// [`ACK_RETRY`]; past [`ACKS_KEPT`] the oldest are given up.
-    fn ack_failed(&mut self, mut failed: Vec<(usize, String)>) {
+    /// [`ACK_RETRY`]; past [`ACKS_KEPT`] the oldest are given up. Returns how many were.
+    fn ack_failed(&mut self, mut failed: Vec<(usize, String)>) -> usize {
         failed.append(&mut self.acks);
-        if failed.len() > ACKS_KEPT {
-            failed.drain(..failed.len() - ACKS_KEPT);
-        }
+        let dropped = failed.len().saturating_sub(ACKS_KEPT);
+        failed.drain(..dropped);
         self.acks = failed;
         let now = Instant::now();
         self.acks_since = Some(now);
         self.ack_hold = Some(now + ACK_RETRY);
+        dropped
     }
 }
 
@@ -965,5 +965,29 @@ mod tests {
             .parse()
             .unwrap_err()
             .contains("not a length"));
+    }
+
+    #[test]
+    fn failed_acknowledgements_go_first_and_stay_bounded() {
+        let mut st = State {
+            cursors: Vec::new(),
+            claim_cursors: Vec::new(),
+            known: HashSet::new(),
+            stalled: VecDeque::new(),
+            retries: Vec::new(),
+            acks: vec![(0, "new-1".into()), (0, "new-2".into())],
+            acks_since: None,
+            ack_hold: None,
+        };
+        assert_eq!(st.ack_failed(vec![(0, "old-1".into())]), 0);
+        let ids: Vec<&str> = st.acks.iter().map(|a| a.1.as_str()).collect();
+        assert_eq!(ids, ["old-1", "new-1", "new-2"]);
+        assert!(st.ack_hold.is_some() && st.acks_since.is_some());
+        // Past ACKS_KEPT the oldest are given up, and counted.
+        let many: Vec<(usize, String)> = (0..ACKS_KEPT).map(|i| (0, i.to_string())).collect();
+        assert_eq!(st.ack_failed(many), 3);
+        assert_eq!(st.acks.len(), ACKS_KEPT);
+        assert_eq!(st.acks[0].1, "3");
+        assert_eq!(st.acks.last().unwrap().1, "new-2");
     }
 }
