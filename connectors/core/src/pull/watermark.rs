@@ -36,7 +36,9 @@ pub struct Watermark {
 impl Watermark {
     pub fn new(bound: usize) -> Self {
         Watermark {
-            entries: VecDeque::with_capacity(bound.clamp(1, 4096)),
+            // Grown on demand: a consumer with many partitions keeps one per partition, and
+            // most hold far fewer than `bound`.
+            entries: VecDeque::with_capacity(bound.clamp(1, 256)),
             bound: bound.max(1),
             released: None,
         }
