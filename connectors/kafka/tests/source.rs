@@ -10,7 +10,8 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use sluice_core::testkit::{assert_source_telemetry, metric, SourceRig};
+use sluice_core::testkit::{assert_source_telemetry, metric, Capture, SourceRig};
+use sluice_core::SinkItem;
 use sluice_core::{Event, SourceConfig, Status};
 use sluice_kafka::KafkaSourceConfig;
 
@@ -75,6 +76,17 @@ async fn start(
         .await
         .expect("builds");
     tokio::spawn(running)
+}
+
+/// Takes `n` events without settling them, then checks that no more arrive meanwhile.
+async fn hold(cap: &mut Capture, n: usize, more: &str) -> Vec<SinkItem> {
+    let mut held = Vec::new();
+    for _ in 0..n {
+        held.push(cap.next_within(Duration::from_secs(15)).await);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(cap.try_next().is_none(), "{more}");
+    held
 }
 
 async fn wait_committed(bootstrap: &str, group: &str, topic: &str, want: &[i64]) {
@@ -225,15 +237,7 @@ async fn the_window_bounds_records_in_flight() {
     )
     .await;
     let mut cap = rig.capture();
-    let mut held = Vec::new();
-    for _ in 0..5 {
-        held.push(cap.next_within(Duration::from_secs(15)).await);
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        cap.try_next().is_none(),
-        "a sixth record while five are in flight"
-    );
+    let held = hold(&mut cap, 5, "a sixth record while five are in flight").await;
     assert_eq!(
         metric("sluice_source_in_flight", &[("source", "k-win")]),
         5.0
@@ -525,15 +529,12 @@ async fn a_full_partition_parks_its_records_in_order_and_skips_invalid_ones() {
     .await;
     let mut cap = rig.capture();
     // With nothing settled, each partition has at most 3 records in flight.
-    let mut held = Vec::new();
-    for _ in 0..6 {
-        held.push(cap.next_within(Duration::from_secs(15)).await);
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        cap.try_next().is_none(),
-        "a fourth record of a partition while three are in flight"
-    );
+    let held = hold(
+        &mut cap,
+        6,
+        "a fourth record of a partition while three are in flight",
+    )
+    .await;
     let mut got: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     let note = |got: &mut BTreeMap<String, Vec<i64>>, e: &Event| {
         let (part, offset) = e.id.strip_prefix("park-").unwrap().split_once('-').unwrap();
