@@ -7,11 +7,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-
-use futures_util::{Stream, StreamExt};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
 use indexmap::IndexMap;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{

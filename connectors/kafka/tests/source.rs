@@ -19,6 +19,16 @@ fn cluster() -> MockCluster<'static, DefaultProducerContext> {
     MockCluster::new(1).expect("librdkafka mock cluster")
 }
 
+/// Record headers from name/value pairs.
+fn headers(pairs: &[(&str, &str)]) -> OwnedHeaders {
+    pairs.iter().fold(OwnedHeaders::new(), |h, (key, value)| {
+        h.insert(Header {
+            key,
+            value: Some(*value),
+        })
+    })
+}
+
 /// Produces `n` records round-robin over `partitions`, each with key `k<i>` and value `{"i":i}`.
 async fn produce(bootstrap: &str, topic: &str, partitions: i32, n: usize, from: usize) {
     let p: FutureProducer = ClientConfig::new()
@@ -33,10 +43,7 @@ async fn produce(bootstrap: &str, topic: &str, partitions: i32, n: usize, from: 
             .partition((i % partitions as usize) as i32)
             .key(&key)
             .payload(&value)
-            .headers(OwnedHeaders::new().insert(Header {
-                key: "X-Trace-Id",
-                value: Some("t-1"),
-            }));
+            .headers(headers(&[("X-Trace-Id", "t-1")]));
         sends.push(p.send_result(record).map_err(|(e, _)| e).unwrap());
     }
     for s in sends {
@@ -316,29 +323,13 @@ async fn cloudevents_records_pass_through_and_two_members_of_one_group_deliver_e
         FutureRecord::<(), _>::to("ce")
             .partition(0)
             .payload("{\"a\":1}")
-            .headers(
-                OwnedHeaders::new()
-                    .insert(Header {
-                        key: "ce_specversion",
-                        value: Some("1.0"),
-                    })
-                    .insert(Header {
-                        key: "ce_id",
-                        value: Some("evt-1"),
-                    })
-                    .insert(Header {
-                        key: "ce_source",
-                        value: Some("/orders"),
-                    })
-                    .insert(Header {
-                        key: "ce_type",
-                        value: Some("com.example.created"),
-                    })
-                    .insert(Header {
-                        key: "content-type",
-                        value: Some("application/json"),
-                    }),
-            ),
+            .headers(headers(&[
+                ("ce_specversion", "1.0"),
+                ("ce_id", "evt-1"),
+                ("ce_source", "/orders"),
+                ("ce_type", "com.example.created"),
+                ("content-type", "application/json"),
+            ])),
         Duration::from_secs(5),
     )
     .await
@@ -348,10 +339,7 @@ async fn cloudevents_records_pass_through_and_two_members_of_one_group_deliver_e
             .partition(1)
             .payload(r#"{"specversion":"1.0","id":"evt-2","source":"/o","type":"t"}"#)
             // Written as `Content-Type` by some producers: matched in any case.
-            .headers(OwnedHeaders::new().insert(Header {
-                key: "Content-Type",
-                value: Some("application/cloudevents+json"),
-            })),
+            .headers(headers(&[("Content-Type", "application/cloudevents+json")])),
         Duration::from_secs(5),
     )
     .await
@@ -499,21 +487,11 @@ async fn a_full_partition_parks_its_records_in_order_and_skips_invalid_ones() {
         FutureRecord::<(), _>::to("park")
             .partition(0)
             .payload("{}")
-            .headers(
-                OwnedHeaders::new()
-                    .insert(Header {
-                        key: "ce_specversion",
-                        value: Some("1.0"),
-                    })
-                    .insert(Header {
-                        key: "ce_source",
-                        value: Some("/x"),
-                    })
-                    .insert(Header {
-                        key: "ce_type",
-                        value: Some("t"),
-                    }),
-            ),
+            .headers(headers(&[
+                ("ce_specversion", "1.0"),
+                ("ce_source", "/x"),
+                ("ce_type", "t"),
+            ])),
         Duration::from_secs(5),
     )
     .await
