@@ -521,6 +521,10 @@ struct Run {
     tp: Tp,
     records: Vec<Record>,
     events: Vec<Option<Event>>,
+    /// For parked records: the assignment they were read under. If the partition was revoked
+    /// and assigned again since, they are stale (the new assignment reads them again from the
+    /// commit) and are dropped.
+    generation: Option<u64>,
 }
 
 impl Run {
@@ -529,6 +533,7 @@ impl Run {
             tp,
             records: Vec::with_capacity(capacity),
             events: Vec::with_capacity(capacity),
+            generation: None,
         }
     }
 
@@ -711,20 +716,28 @@ impl KafkaSource {
         }
     }
 
+    /// The current assignment's generation of a partition (`None`: not assigned).
+    fn generation_of(&self, tp: &Tp) -> Option<u64> {
+        let s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
+        s.parts.get(tp).map(|p| p.generation)
+    }
+
     /// Tracks a run of one partition's records in its watermark and sends their events as one
     /// unit. The caller has checked the window's room. Returns, in order, the records to park:
-    /// from the first that finds the watermark full (the partition is then paused) on.
+    /// from the first that finds the watermark full (the partition is then paused) on, with the
+    /// generation of the assignment they belong to.
     async fn offer(
         &self,
         ctx: &SourceContext,
         run: Run,
         window: &mut InFlight<Handle, Attempt>,
         in_flight: &mut usize,
-    ) -> Vec<Taken> {
+    ) -> (Vec<Taken>, u64) {
         let Run {
             tp,
             records,
             events,
+            generation: read_under,
         } = run;
         let n = records.len();
         let mut kept = Vec::with_capacity(n);
@@ -733,8 +746,14 @@ impl KafkaSource {
         let mut pause = false;
         let generation = {
             let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
-            let Some(part) = s.parts.get_mut(&tp) else {
-                return back; // revoked meanwhile: the new owner reads them
+            let Some(part) = s
+                .parts
+                .get_mut(&tp)
+                .filter(|p| read_under.is_none_or(|g| g == p.generation))
+            else {
+                // Revoked meanwhile: the new owner (this member again, if it got the partition
+                // back) reads them again from the commit.
+                return (back, 0);
             };
             let mut skipped = false;
             for (record, event) in records.into_iter().zip(events) {
@@ -783,7 +802,7 @@ impl KafkaSource {
             );
         }
         self.telemetry.in_flight.set(*in_flight as f64);
-        back
+        (back, generation)
     }
 
     /// Records a unit's outcome, record by record; returns an error when `on_rejected: stop`
@@ -962,7 +981,8 @@ impl KafkaSource {
         let mut in_flight = 0usize;
         // Records taken from librdkafka that found no room yet, per partition, in order;
         // bounded by the window (no more are taken while it is full).
-        let mut parked: HashMap<Tp, VecDeque<Taken>> = HashMap::new();
+        // Each with the generation of the assignment it was read under.
+        let mut parked: HashMap<Tp, VecDeque<(Taken, u64)>> = HashMap::new();
         let mut parked_total = 0usize;
         let mut topic: Arc<str> = Arc::from("");
         let mut commits = tokio::time::interval(self.commit_interval);
@@ -985,15 +1005,22 @@ impl KafkaSource {
                 let keys: Vec<Tp> = parked.keys().cloned().collect();
                 for tp in keys {
                     let q = parked.get_mut(&tp).expect("a parked partition");
-                    let take = q.len().min(self.window - in_flight);
+                    // Records of one assignment at a time.
+                    let g = q.front().expect("a parked record").1;
+                    let take = q
+                        .iter()
+                        .take(self.window - in_flight)
+                        .take_while(|t| t.1 == g)
+                        .count();
                     let mut run = Run::new(tp.clone(), take);
-                    q.drain(..take).for_each(|t| run.push(t));
+                    run.generation = Some(g);
+                    q.drain(..take).for_each(|(t, _)| run.push(t));
                     parked_total -= take;
-                    let back = self.offer(&ctx, run, &mut window, &mut in_flight).await;
+                    let (back, g) = self.offer(&ctx, run, &mut window, &mut in_flight).await;
                     parked_total += back.len();
                     let q = parked.get_mut(&tp).expect("a parked partition");
-                    for p in back.into_iter().rev() {
-                        q.push_front(p);
+                    for t in back.into_iter().rev() {
+                        q.push_front((t, g));
                     }
                     if q.is_empty() {
                         parked.remove(&tp);
@@ -1041,8 +1068,11 @@ impl KafkaSource {
                             // Behind its partition's parked records, if it has any.
                             match parked.get_mut(&t.0.tp).filter(|_| parked_total > 0) {
                                 Some(q) => {
-                                    q.push_back(t);
-                                    parked_total += 1;
+                                    // Not assigned any more: the new owner reads it.
+                                    if let Some(g) = self.generation_of(&t.0.tp) {
+                                        q.push_back((t, g));
+                                        parked_total += 1;
+                                    }
                                 }
                                 None => match runs.last_mut() {
                                     Some(run) if run.tp == t.0.tp => run.push(t),
@@ -1072,14 +1102,17 @@ impl KafkaSource {
                             };
                         }
                         for run in runs {
-                            let back = if parked_total > 0 && parked.contains_key(&run.tp) {
+                            let (back, g) = if parked_total > 0 && parked.contains_key(&run.tp) {
                                 // An earlier run of its partition was parked: behind it.
-                                run.records.into_iter().zip(run.events).collect()
+                                match self.generation_of(&run.tp) {
+                                    Some(g) => (run.records.into_iter().zip(run.events).collect(), g),
+                                    None => (Vec::new(), 0), // not assigned any more
+                                }
                             } else {
                                 self.offer(&ctx, run, &mut window, &mut in_flight).await
                             };
                             for t in back {
-                                parked.entry(t.0.tp.clone()).or_default().push_back(t);
+                                parked.entry(t.0.tp.clone()).or_default().push_back((t, g));
                                 parked_total += 1;
                             }
                         }
