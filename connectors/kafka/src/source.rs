@@ -718,8 +718,13 @@ impl KafkaSource {
 
     /// The current assignment's generation of a partition (`None`: not assigned).
     fn generation_of(&self, tp: &Tp) -> Option<u64> {
+        self.assignment_of(tp).map(|(g, _)| g)
+    }
+
+    /// A partition's current generation and the room in its watermark (`None`: not assigned).
+    fn assignment_of(&self, tp: &Tp) -> Option<(u64, usize)> {
         let s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
-        s.parts.get(tp).map(|p| p.generation)
+        s.parts.get(tp).map(|p| (p.generation, p.wm.room()))
     }
 
     /// Tracks a run of one partition's records in its watermark and sends their events as one
@@ -1007,11 +1012,28 @@ impl KafkaSource {
                     let q = parked.get_mut(&tp).expect("a parked partition");
                     // Records of one assignment at a time.
                     let g = q.front().expect("a parked record").1;
-                    let take = q
-                        .iter()
-                        .take(self.window - in_flight)
-                        .take_while(|t| t.1 == g)
-                        .count();
+                    let same = |q: &VecDeque<(Taken, u64)>, at_most: usize| {
+                        q.iter().take(at_most).take_while(|t| t.1 == g).count()
+                    };
+                    let take = match self.assignment_of(&tp) {
+                        Some((now, room)) if now == g => {
+                            if room == 0 {
+                                continue; // its watermark is still full
+                            }
+                            same(q, room.min(self.window - in_flight))
+                        }
+                        // Revoked (and perhaps assigned again since): whoever has the partition
+                        // now reads these again from the commit.
+                        _ => {
+                            let same = same(q, usize::MAX);
+                            q.drain(..same);
+                            parked_total -= same;
+                            if q.is_empty() {
+                                parked.remove(&tp);
+                            }
+                            continue;
+                        }
+                    };
                     let mut run = Run::new(tp.clone(), take);
                     run.generation = Some(g);
                     q.drain(..take).for_each(|(t, _)| run.push(t));

@@ -57,6 +57,11 @@ impl Watermark {
         self.entries.len() >= self.bound
     }
 
+    /// How many more positions `push` takes before it says [`Full`].
+    pub fn room(&self) -> usize {
+        self.bound.saturating_sub(self.entries.len())
+    }
+
     /// Tracks a newly received position. Positions must increase; one at or below the last
     /// tracked or released position is a redelivery of a known one and is ignored (`Ok(false)`).
     pub fn push(&mut self, pos: u64) -> Result<bool, Full> {
@@ -192,13 +197,16 @@ mod tests {
     #[test]
     fn bounded_and_redeliveries_are_ignored() {
         let mut w = Watermark::new(2);
+        assert_eq!(w.room(), 2);
         w.push(5).unwrap();
         w.push(6).unwrap();
+        assert_eq!(w.room(), 0);
         assert_eq!(w.push(7), Err(Full));
         assert_eq!(w.push(6), Ok(false), "a redelivery of a tracked position");
         w.delivered(5);
         w.advance(|_| ());
         assert_eq!(w.push(5), Ok(false), "a redelivery of a released position");
+        assert_eq!(w.room(), 1);
         assert_eq!(w.push(7), Ok(true));
         assert!(!w.delivered(99));
         assert_eq!(w.failed(99), None);
