@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use arc_swap::ArcSwap;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::GracefulConnection;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
@@ -207,10 +208,10 @@ async fn serve(
     shutdown: CancellationToken,
 ) {
     let connections = Arc::new(Semaphore::new(listener.settings.max_connections));
-    let graceful = GracefulShutdown::new();
+    let conns = Arc::new(Conns::default());
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // The header timeout is enforced per connection by `serve_watched`, not by hyper's per-request
-    // timer (which boxes and registers a new timer for every request).
+    // The header timeout is enforced by the listener's watchdog (`Conns::sweep`), not by hyper's
+    // per-request timer (which boxes and registers a new timer for every request).
     // `header_timeout: 0s` turns it off (a trusted link, e.g. a sidecar on localhost).
     let header_timeout = Some(listener.settings.header_timeout).filter(|d| !d.is_zero());
     builder
@@ -224,6 +225,10 @@ async fn serve(
         .max_concurrent_streams(256);
     let builder = Arc::new(builder);
     let handshake_timeout = header_timeout.unwrap_or(Duration::from_secs(10));
+    let watchdog = CancellationToken::new();
+    if let Some(timeout) = header_timeout {
+        tokio::spawn(conns.clone().watchdog(timeout, watchdog.clone()));
+    }
     loop {
         // Take a connection slot first: beyond the cap, clients wait in the kernel backlog.
         let permit = tokio::select! {
@@ -243,34 +248,39 @@ async fn serve(
             _ = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        let watcher = graceful.watcher();
+        // Registered here, before the task runs, so a shutdown that starts now still sees it.
+        let conn = conns.open();
         let (l, b) = (listener.clone(), builder.clone());
         let tls = tls.as_ref().map(|t| t.current.load_full());
         tokio::spawn(async move {
             let _permit = permit;
-            let svc = |idle: &Arc<Idle>| {
-                let idle = idle.clone();
-                let (idle, l) = (idle.clone(), l.clone());
+            let svc = |state: &Arc<ConnState>| {
+                let (state, l) = (state.clone(), l.clone());
                 // The handler's future is handed to hyper as it is: wrapping it in another
                 // async block would copy the whole (large) future once more per request.
-                service_fn(move |req| handler::handle(l.clone(), req, peer, idle.busy()))
+                service_fn(move |req| handler::handle(l.clone(), req, peer, state.busy()))
             };
             match tls {
                 None => {
-                    let idle = Arc::new(Idle::new());
-                    let conn = b
-                        .serve_connection(TokioIo::new(stream), svc(&idle))
+                    let c = b
+                        .serve_connection(TokioIo::new(stream), svc(&conn.state))
                         .into_owned();
-                    serve_watched(watcher.watch(conn), &idle, header_timeout).await;
+                    serve_watched(c, &conn.state).await;
                 }
                 Some(sc) => {
                     let acceptor = TlsAcceptor::from(sc);
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                    // The handshake has its own timeout; the watchdog counts it as work, so the
+                    // header budget starts after it.
+                    let handshake = conn.state.busy();
+                    let accepted =
+                        tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await;
+                    drop(handshake);
+                    match accepted {
                         Ok(Ok(s)) => {
-                            // The header budget starts after the handshake, which had its own.
-                            let idle = Arc::new(Idle::new());
-                            let conn = b.serve_connection(TokioIo::new(s), svc(&idle)).into_owned();
-                            serve_watched(watcher.watch(conn), &idle, header_timeout).await;
+                            let c = b
+                                .serve_connection(TokioIo::new(s), svc(&conn.state))
+                                .into_owned();
+                            serve_watched(c, &conn.state).await;
                         }
                         Ok(Err(e)) => tracing::debug!(error = %e, "webhook: TLS handshake failed"),
                         Err(_) => tracing::debug!("webhook: TLS handshake timed out"),
@@ -282,82 +292,204 @@ async fn serve(
     // Stop accepting: close the socket, then let open requests finish (idle keep-alive
     // connections are closed at once).
     drop(tcp);
-    graceful.shutdown().await;
+    conns.shutdown().await;
+    watchdog.cancel();
     listener.done.cancel();
 }
 
-/// When a connection last became idle (no request being handled), and how many requests it is
-/// handling now.
-struct Idle {
-    base: tokio::time::Instant,
-    since_ms: std::sync::atomic::AtomicU64,
-    active: std::sync::atomic::AtomicUsize,
+/// Set in [`ConnState::flags`] from outside the connection's task.
+const GRACEFUL: u8 = 1;
+const CLOSE: u8 = 2;
+/// [`ConnState::work`]: requests being handled in the low 32 bits, and in the high 32 bits a
+/// count that moves whenever a request starts or ends.
+const STARTED: u64 = (1 << 32) + 1;
+const ENDED: u64 = (1 << 32) - 1;
+const ACTIVE: u64 = u32::MAX as u64;
+
+/// What the outside knows of one connection, and how it reaches the connection's task.
+pub(crate) struct ConnState {
+    flags: AtomicU8,
+    /// The connection task's waker, set at its first poll.
+    waker: std::sync::Mutex<Option<std::task::Waker>>,
+    work: AtomicU64,
 }
 
-impl Idle {
-    fn new() -> Self {
-        Idle {
-            base: tokio::time::Instant::now(),
-            since_ms: std::sync::atomic::AtomicU64::new(0),
-            active: std::sync::atomic::AtomicUsize::new(0),
-        }
-    }
-
+impl ConnState {
     fn busy(self: &Arc<Self>) -> BusyGuard {
-        self.active
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.work.fetch_add(STARTED, Ordering::Relaxed);
         BusyGuard(self.clone())
     }
 
-    fn idle_since(&self) -> tokio::time::Instant {
-        self.base + Duration::from_millis(self.since_ms.load(std::sync::atomic::Ordering::Relaxed))
+    fn signal(&self, flag: u8) {
+        self.flags.fetch_or(flag, Ordering::Release);
+        if let Some(w) = &*self.waker.lock().unwrap_or_else(|p| p.into_inner()) {
+            w.wake_by_ref();
+        }
     }
 }
 
 /// Marks its connection busy until dropped (when the request's handler finishes).
-pub(crate) struct BusyGuard(Arc<Idle>);
+pub(crate) struct BusyGuard(Arc<ConnState>);
 
 impl Drop for BusyGuard {
     fn drop(&mut self) {
-        let idle = &self.0;
-        let ms = idle.base.elapsed().as_millis() as u64;
-        idle.since_ms
-            .store(ms, std::sync::atomic::Ordering::Relaxed);
-        idle.active
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.work.fetch_add(ENDED, Ordering::Relaxed);
     }
 }
 
-/// Serves `conn`, closing it when it has been idle — connected or past its last response, with
-/// no request handled — for `timeout`: a client must send its request headers within that time.
-/// One timer per connection, re-armed only when it fires, instead of one per request.
-async fn serve_watched<F: std::future::Future>(conn: F, idle: &Idle, timeout: Option<Duration>) {
-    let Some(timeout) = timeout else {
-        conn.await;
-        return;
-    };
-    tokio::pin!(conn);
-    let sleep = tokio::time::sleep_until(idle.base + timeout);
-    tokio::pin!(sleep);
-    loop {
-        tokio::select! {
-            _ = &mut conn => return,
-            _ = &mut sleep => {
-                let now = tokio::time::Instant::now();
-                if idle.active.load(std::sync::atomic::Ordering::Acquire) > 0 {
-                    // A request is being handled: its body has its own timeout.
-                    sleep.as_mut().reset(now + timeout);
-                    continue;
-                }
-                let deadline = idle.idle_since() + timeout;
-                if now >= deadline {
-                    tracing::debug!("webhook: no request headers within header_timeout; closing the connection");
-                    return;
-                }
-                sleep.as_mut().reset(deadline);
+/// The open connections of one listener, for the two things that act on a connection from
+/// outside its task: the header watchdog, which closes a connection that stayed idle for
+/// `header_timeout`, and the graceful shutdown. A connection's task reads one flag per poll;
+/// no timer and no shutdown future is polled with each request.
+#[derive(Default)]
+struct Conns {
+    inner: std::sync::Mutex<ConnsInner>,
+    empty: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct ConnsInner {
+    next: u64,
+    open: HashMap<u64, Watched>,
+}
+
+/// The watchdog's view of a connection.
+struct Watched {
+    state: Arc<ConnState>,
+    /// The high half of `work` at the last sweep.
+    seen: u32,
+    /// Sweeps in a row that found the connection idle and unchanged; -1 until the first sweep
+    /// after it opened (which may come at once).
+    idle: i32,
+}
+
+/// A connection's registration; it leaves the listener's list when dropped.
+struct Conn {
+    conns: Arc<Conns>,
+    id: u64,
+    state: Arc<ConnState>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let mut inner = self.conns.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.open.remove(&self.id);
+        if inner.open.is_empty() {
+            self.conns.empty.notify_waiters();
+        }
+    }
+}
+
+/// Sweeps per `header_timeout`: a connection is closed after between 1 and 1 + 1/SWEEPS
+/// `header_timeout` of idleness.
+const SWEEPS: u32 = 4;
+
+impl Conns {
+    fn open(self: &Arc<Self>) -> Conn {
+        let state = Arc::new(ConnState {
+            flags: AtomicU8::new(0),
+            waker: std::sync::Mutex::new(None),
+            work: AtomicU64::new(0),
+        });
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let id = inner.next;
+        inner.next += 1;
+        inner.open.insert(
+            id,
+            Watched {
+                state: state.clone(),
+                seen: 0,
+                idle: -1,
+            },
+        );
+        Conn {
+            conns: self.clone(),
+            id,
+            state,
+        }
+    }
+
+    /// One sweep: closes the connections that had no request handled, started or ended over
+    /// the last [`SWEEPS`] sweeps.
+    fn sweep(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for w in inner.open.values_mut() {
+            let work = w.state.work.load(Ordering::Relaxed);
+            let changes = (work >> 32) as u32;
+            if work & ACTIVE != 0 || changes != w.seen {
+                w.seen = changes;
+                w.idle = 0;
+                continue;
+            }
+            w.idle += 1;
+            if w.idle >= SWEEPS as i32 {
+                tracing::debug!(
+                    "webhook: no request headers within header_timeout; closing the connection"
+                );
+                w.state.signal(CLOSE);
             }
         }
     }
+
+    async fn watchdog(self: Arc<Self>, timeout: Duration, stop: CancellationToken) {
+        let every = (timeout / SWEEPS).max(Duration::from_millis(1));
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.sweep(),
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Asks every open connection to finish what it is handling and close (an idle one closes
+    /// at once), and waits until all have.
+    async fn shutdown(&self) {
+        loop {
+            let empty = self.empty.notified();
+            tokio::pin!(empty);
+            empty.as_mut().enable();
+            {
+                let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                if inner.open.is_empty() {
+                    return;
+                }
+                for w in inner.open.values() {
+                    w.state.signal(GRACEFUL);
+                }
+            }
+            empty.await;
+        }
+    }
+}
+
+/// Serves `conn` until it ends, asks it to finish gracefully when the listener shuts down, or
+/// drops it when the watchdog says so. One flag is read per poll.
+async fn serve_watched<C: GracefulConnection>(conn: C, state: &ConnState) {
+    tokio::pin!(conn);
+    let mut registered: Option<std::task::Waker> = None;
+    let mut graceful = false;
+    std::future::poll_fn(|cx| {
+        // The waker the signals wake: set again only if the task's waker changed (a spawned
+        // task's never does). Set before the flags are read, so no signal is missed.
+        if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *state.waker.lock().unwrap_or_else(|p| p.into_inner()) = Some(cx.waker().clone());
+            registered = Some(cx.waker().clone());
+        }
+        let flags = state.flags.load(Ordering::Acquire);
+        if flags != 0 {
+            if flags & CLOSE != 0 {
+                return std::task::Poll::Ready(());
+            }
+            if !graceful {
+                graceful = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+        conn.as_mut().poll(cx).map(|_| ())
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -376,6 +508,59 @@ mod tests {
             assert_eq!(routes.get("/p"), None);
             assert_eq!(routes.get(&format!("/p{n}")), None);
         }
+    }
+
+    /// The watchdog's sweeps: a connection is closed only after SWEEPS full sweep intervals
+    /// with no request handled, started or ended, and never while one is being handled.
+    #[test]
+    fn the_watchdog_closes_only_what_stayed_idle_for_the_whole_timeout() {
+        use super::{Conns, CLOSE, SWEEPS};
+        use std::sync::atomic::Ordering;
+        let conns = std::sync::Arc::new(Conns::default());
+        let closed = |c: &super::Conn| c.state.flags.load(Ordering::Acquire) & CLOSE != 0;
+        let quiet = conns.open();
+        let busy = conns.open();
+        let guard = busy.state.busy();
+        // The first sweep may come right after the connection opened: it does not count.
+        for _ in 0..SWEEPS {
+            conns.sweep();
+            assert!(!closed(&quiet), "closed before header_timeout");
+        }
+        conns.sweep();
+        assert!(closed(&quiet), "idle for the whole header_timeout");
+        // A request being handled keeps its connection open however long it takes; its end
+        // starts a new idle period.
+        for _ in 0..3 * SWEEPS {
+            conns.sweep();
+        }
+        assert!(!closed(&busy));
+        drop(guard);
+        for _ in 0..SWEEPS {
+            conns.sweep();
+            assert!(
+                !closed(&busy),
+                "closed less than header_timeout after the answer"
+            );
+        }
+        conns.sweep();
+        assert!(closed(&busy));
+        // A request that started and ended between two sweeps also counts as activity.
+        let short = conns.open();
+        for _ in 0..SWEEPS {
+            conns.sweep();
+        }
+        drop(short.state.busy());
+        for _ in 0..SWEEPS {
+            conns.sweep();
+            assert!(!closed(&short));
+        }
+        conns.sweep();
+        assert!(closed(&short));
+        drop((quiet, busy, short));
+        assert!(
+            conns.inner.lock().unwrap().open.is_empty(),
+            "closed connections leave the list"
+        );
     }
 
     #[test]

@@ -781,6 +781,37 @@ async fn shutdown_finishes_in_flight_requests() {
         .unwrap();
 }
 
+#[tokio::test]
+async fn shutdown_closes_idle_keepalive_connections_at_once() {
+    let mut h = start("idle", json!({"ack": "accepted", "header_timeout": "60s"})).await;
+    let _cap = h.capture.take();
+    // A kept-alive connection, answered and idle, and one that never sent a byte.
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 202"));
+    let mut silent = TcpStream::connect(h.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
+    h.rig.shutdown.cancel();
+    for c in [&mut s, &mut silent] {
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+            .await
+            .expect("closed at shutdown, not after header_timeout")
+            .unwrap_or(0);
+        assert_eq!(n, 0, "closed without a response");
+    }
+    tokio::time::timeout(Duration::from_secs(5), h.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
 mod tls {
     use super::*;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
