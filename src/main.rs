@@ -1,6 +1,8 @@
 //! `sluice`: the event-source gateway daemon.
 
 mod admin;
+#[cfg(feature = "mimalloc")]
+mod alloc;
 mod config;
 mod registry;
 mod state;
@@ -113,7 +115,7 @@ const EXIT_DRAIN_INCOMPLETE: u8 = 3;
 /// docs/decisions.md; `--no-default-features` builds keep the system allocator.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: alloc::Mimalloc = alloc::Mimalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
