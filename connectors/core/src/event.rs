@@ -592,6 +592,7 @@ mod tests {
         assert_eq!(distinct.len(), ids.len(), "distinct");
         let u = uuid::Uuid::parse_str(&ids[0]).unwrap();
         assert_eq!(u.get_version_num(), 7);
+        assert_eq!(u.get_variant(), uuid::Variant::RFC4122);
         let (secs, nanos) = u.get_timestamp().unwrap().to_unix();
         assert_eq!((secs, nanos / 1_000_000), (1_700_000_000, 123));
         // Ids of a later millisecond sort after.
