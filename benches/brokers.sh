@@ -35,6 +35,8 @@ AMQP_CONNS=${AMQP_CONNS:-1000}
 # PARTS: which halves run; BATCH=N > 1 sends each webhook request as a CloudEvents batch of N
 # events (the sink rounds then count N events per request).
 PARTS=${PARTS:-"sources sinks"}
+# SOURCES: which source benchmarks run (R Redis Streams, A RabbitMQ, M mosquitto).
+SOURCES=${SOURCES:-"R A M"}
 BATCH=${BATCH:-1}
 REDIS_PORT=16380
 MQTT_PORT=11884
@@ -43,7 +45,7 @@ ADMIN=17782
 PORT=18093
 pin_setup
 prepare
-LOOPS=$(bench_exe broker_loops)
+LOOPS=${LOOPS_BIN:-$(bench_exe broker_loops)}   # LOOPS_BIN: a prebuilt broker_loops
 
 work=$(mktemp -d)
 chmod 777 "$work"
@@ -58,7 +60,7 @@ make_load "$work" "$BATCH"
 ratio() { python3 -c "import sys; r, s = (float(x or 0) for x in sys.argv[1:]); print(f'{s / r:.2f}' if r > 0 else 'n/a')" "$1" "$2"; }
 declare -A RAW SL
 
-[[ " $PARTS " == *" sources "* ]] && {
+[[ " $PARTS " == *" sources "* && " $SOURCES " == *" R "* ]] && {
 echo "preloading $RCOUNT messages of 1 KiB into Redis ..."
 "$LOOPS" redis-preload --url redis://127.0.0.1:$REDIS_PORT --stream bench --count "$RCOUNT"
 }
@@ -67,6 +69,7 @@ for r in $(seq 1 "$ROUNDS"); do
   [[ " $PARTS " == *" sources "* ]] || break
   tag="$(date +%s)$r"
   # R source
+  if [[ " $SOURCES " == *" R "* ]]; then
   read -r raw raw_cpu raw_b <<<"$(run_raw $rpid "$LOOPS" redis-consume --url redis://127.0.0.1:$REDIS_PORT --stream bench --group "raw$tag" --count "$RCOUNT" --window 1000)"
   cat > "$work/sluice.yaml" <<YAML
 admin: { listen: 127.0.0.1:$ADMIN }
@@ -80,8 +83,10 @@ YAML
   read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $rpid "$RCOUNT")"
   echo "round $r R source: raw XREADGROUP+XACK $raw msg/s (loop $raw_cpu %, redis $raw_b %) | sluice redis-streams → null $sl ev/s (sluice $sl_cpu %, redis $sl_b %) = $(ratio "$raw" "$sl")"
   RAW[rs]+="$raw "; SL[rs]+="$sl "
+  fi
 
   # A source: two queues preloaded, one for each side.
+  if [[ " $SOURCES " == *" A "* ]]; then
   for q in "raw$tag" "sl$tag"; do "$LOOPS" amqp-preload --url "$AMQP" --queue "$q" --count "$ACOUNT"; done
   read -r raw raw_cpu raw_b <<<"$(run_raw $apid "$LOOPS" amqp-consume --url "$AMQP" --queue "raw$tag" --count "$ACOUNT" --prefetch 500)"
   cat > "$work/sluice.yaml" <<YAML
@@ -97,8 +102,10 @@ YAML
   for q in "raw$tag" "sl$tag"; do "$LOOPS" amqp-delete --url "$AMQP" --queue "$q"; done
   echo "round $r A source: raw consume+ack $raw msg/s (loop $raw_cpu %, rabbitmq $raw_b %) | sluice amqp → null $sl ev/s (sluice $sl_cpu %, rabbitmq $sl_b %) = $(ratio "$raw" "$sl")"
   RAW[am]+="$raw "; SL[am]+="$sl "
+  fi
 
   # M source: two persistent sessions subscribed, then the backlog published to both.
+  if [[ " $SOURCES " == *" M "* ]]; then
   for c in "raw$tag" "sl$tag"; do "$LOOPS" mqtt-session --port $MQTT_PORT --topic bench/t --client-id "$c"; done
   "$LOOPS" mqtt-preload --port $MQTT_PORT --topic bench/t --count "$MCOUNT" --inflight 1000
   read -r raw raw_cpu raw_b <<<"$(run_raw $mpid timeout 120 "$LOOPS" mqtt-consume --port $MQTT_PORT --topic bench/t --client-id "raw$tag" --count "$MCOUNT")"
@@ -115,6 +122,7 @@ YAML
   echo "round $r M source: raw QoS1 consume $raw msg/s (loop $raw_cpu %, mosquitto $raw_b %) | sluice mqtt → null $sl ev/s (sluice $sl_cpu %, mosquitto $sl_b %) = $(ratio "$raw" "$sl")"
   for c in "raw$tag" "sl$tag"; do "$LOOPS" mqtt-clear --port $MQTT_PORT --client-id "$c"; done
   RAW[mq]+="$raw "; SL[mq]+="$sl "
+  fi
 done
 
 # Sinks: webhook → sink against the raw publish loops.
