@@ -208,7 +208,7 @@ async fn serve(
     shutdown: CancellationToken,
 ) {
     let connections = Arc::new(Semaphore::new(listener.settings.max_connections));
-    let conns = Arc::new(Conns::default());
+    let conns = Arc::new(Conns::new(&listener.addr.to_string()));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // The header timeout is enforced by the listener's watchdog (`Conns::sweep`), not by hyper's
     // per-request timer (which boxes and registers a new timer for every request).
@@ -341,10 +341,13 @@ impl Drop for BusyGuard {
 /// outside its task: the header watchdog, which closes a connection that stayed idle for
 /// `header_timeout`, and the graceful shutdown. A connection's task reads one flag per poll;
 /// no timer and no shutdown future is polled with each request.
-#[derive(Default)]
 struct Conns {
     inner: std::sync::Mutex<ConnsInner>,
     empty: tokio::sync::Notify,
+    /// `sluice_webhook_connections{listen}`: connections open now.
+    open_now: metrics::Gauge,
+    /// `sluice_webhook_header_timeouts_total{listen}`: connections the watchdog closed.
+    timed_out: metrics::Counter,
 }
 
 #[derive(Default)]
@@ -372,6 +375,7 @@ struct Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
+        self.conns.open_now.decrement(1.0);
         let mut inner = self.conns.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.open.remove(&self.id);
         if inner.open.is_empty() {
@@ -385,7 +389,17 @@ impl Drop for Conn {
 const SWEEPS: u32 = 4;
 
 impl Conns {
+    fn new(listen: &str) -> Self {
+        Conns {
+            inner: Default::default(),
+            empty: tokio::sync::Notify::new(),
+            open_now: metrics::gauge!("sluice_webhook_connections", "listen" => listen.to_owned()),
+            timed_out: metrics::counter!("sluice_webhook_header_timeouts_total", "listen" => listen.to_owned()),
+        }
+    }
+
     fn open(self: &Arc<Self>) -> Conn {
+        self.open_now.increment(1.0);
         let state = Arc::new(ConnState {
             flags: AtomicU8::new(0),
             waker: std::sync::Mutex::new(None),
@@ -422,10 +436,11 @@ impl Conns {
                 continue;
             }
             w.idle += 1;
-            if w.idle >= SWEEPS as i32 {
+            if w.idle == SWEEPS as i32 {
                 tracing::debug!(
                     "webhook: no request headers within header_timeout; closing the connection"
                 );
+                self.timed_out.increment(1);
                 w.state.signal(CLOSE);
             }
         }
@@ -516,7 +531,7 @@ mod tests {
     fn the_watchdog_closes_only_what_stayed_idle_for_the_whole_timeout() {
         use super::{Conns, CLOSE, SWEEPS};
         use std::sync::atomic::Ordering;
-        let conns = std::sync::Arc::new(Conns::default());
+        let conns = std::sync::Arc::new(Conns::new("test"));
         let closed = |c: &super::Conn| c.state.flags.load(Ordering::Acquire) & CLOSE != 0;
         let quiet = conns.open();
         let busy = conns.open();

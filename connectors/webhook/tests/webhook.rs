@@ -668,6 +668,14 @@ async fn trickling_clients_are_cut_off() {
         ),
         Err(e) => panic!("expected the connection closed, got {e}"),
     }
+    let listen = h.addr.to_string();
+    assert_eq!(
+        metric(
+            "sluice_webhook_header_timeouts_total",
+            &[("listen", listen.as_str())]
+        ),
+        1.0
+    );
     // A body that trickles: 408.
     let mut s = TcpStream::connect(h.addr).await.unwrap();
     s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nabc")
