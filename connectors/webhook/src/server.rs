@@ -265,7 +265,7 @@ async fn serve(
                     let c = b
                         .serve_connection(TokioIo::new(stream), svc(&conn.state))
                         .into_owned();
-                    serve_watched(c, &conn.state).await;
+                    serve_watched(c, &conn.state, &conn.conns.timed_out).await;
                 }
                 Some(sc) => {
                     let acceptor = TlsAcceptor::from(sc);
@@ -280,7 +280,7 @@ async fn serve(
                             let c = b
                                 .serve_connection(TokioIo::new(s), svc(&conn.state))
                                 .into_owned();
-                            serve_watched(c, &conn.state).await;
+                            serve_watched(c, &conn.state, &conn.conns.timed_out).await;
                         }
                         Ok(Err(e)) => tracing::debug!(error = %e, "webhook: TLS handshake failed"),
                         Err(_) => tracing::debug!("webhook: TLS handshake timed out"),
@@ -318,6 +318,18 @@ impl ConnState {
     fn busy(self: &Arc<Self>) -> BusyGuard {
         self.work.fetch_add(STARTED, Ordering::Relaxed);
         BusyGuard(self.clone())
+    }
+
+    /// Whether the watchdog's close stands. A request may have started after the sweep found
+    /// the connection idle (on another worker thread); requests start only inside the
+    /// connection's poll, so what the connection's task reads here before polling is current.
+    /// Then the close is withdrawn, and the next sweeps see the activity.
+    fn take_close(&self) -> bool {
+        if self.work.load(Ordering::Acquire) & ACTIVE == 0 {
+            return true;
+        }
+        self.flags.fetch_and(!CLOSE, Ordering::AcqRel);
+        false
     }
 
     fn signal(&self, flag: u8) {
@@ -435,13 +447,11 @@ impl Conns {
                 w.idle = 0;
                 continue;
             }
-            w.idle += 1;
-            if w.idle == SWEEPS as i32 {
-                tracing::debug!(
-                    "webhook: no request headers within header_timeout; closing the connection"
-                );
-                self.timed_out.increment(1);
-                w.state.signal(CLOSE);
+            if w.idle < SWEEPS as i32 {
+                w.idle += 1;
+                if w.idle == SWEEPS as i32 {
+                    w.state.signal(CLOSE);
+                }
             }
         }
     }
@@ -481,7 +491,11 @@ impl Conns {
 
 /// Serves `conn` until it ends, asks it to finish gracefully when the listener shuts down, or
 /// drops it when the watchdog says so. One flag is read per poll.
-async fn serve_watched<C: GracefulConnection>(conn: C, state: &ConnState) {
+async fn serve_watched<C: GracefulConnection>(
+    conn: C,
+    state: &ConnState,
+    timed_out: &metrics::Counter,
+) {
     tokio::pin!(conn);
     let mut registered: Option<std::task::Waker> = None;
     let mut graceful = false;
@@ -494,10 +508,14 @@ async fn serve_watched<C: GracefulConnection>(conn: C, state: &ConnState) {
         }
         let flags = state.flags.load(Ordering::Acquire);
         if flags != 0 {
-            if flags & CLOSE != 0 {
+            if flags & CLOSE != 0 && state.take_close() {
+                tracing::debug!(
+                    "webhook: no request headers within header_timeout; closing the connection"
+                );
+                timed_out.increment(1);
                 return std::task::Poll::Ready(());
             }
-            if !graceful {
+            if flags & GRACEFUL != 0 && !graceful {
                 graceful = true;
                 conn.as_mut().graceful_shutdown();
             }
@@ -571,7 +589,21 @@ mod tests {
         }
         conns.sweep();
         assert!(closed(&short));
-        drop((quiet, busy, short));
+        // A close that finds a request started since the sweep is withdrawn.
+        let late = conns.open();
+        for _ in 0..=SWEEPS {
+            conns.sweep();
+        }
+        assert!(closed(&late));
+        let guard = late.state.busy();
+        assert!(!late.state.take_close(), "a request is being handled");
+        assert!(!closed(&late), "the close is withdrawn");
+        drop(guard);
+        for _ in 0..=SWEEPS {
+            conns.sweep();
+        }
+        assert!(closed(&late) && late.state.take_close());
+        drop((quiet, busy, short, late));
         assert!(
             conns.inner.lock().unwrap().open.is_empty(),
             "closed connections leave the list"
