@@ -1,8 +1,9 @@
 //! The daemon's global allocator: mimalloc (2.x), entered by its plain `mi_malloc` for layouts
 //! whose alignment a mimalloc block always has.
 //!
-//! `mimalloc::MiMalloc` sends every allocation through `mi_malloc_aligned`, whose checks cost
-//! about a third more instructions than `mi_malloc` for the small blocks of the hot path. Every
+//! The `mimalloc` crate's `MiMalloc` sends every allocation through `mi_malloc_aligned`, whose
+//! checks cost about a third more instructions than `mi_malloc` for the small blocks of the hot
+//! path. Every
 //! mimalloc block is aligned to the machine word (block sizes are multiples of it and pages
 //! start aligned), so a layout aligned to at most a word takes the plain path; larger
 //! alignments (`u128`, cache-padded types) still go through `mi_malloc_aligned`.
