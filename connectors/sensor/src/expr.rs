@@ -315,9 +315,15 @@ impl Expr {
     ) -> Result<bool, String> {
         let mut cx = root.new_inner_scope();
         for (name, path) in &self.fields {
-            let v = data.with(path, |v| v.exists().then(|| to_cel(v)));
+            let v = data.with(path, |v| v.exists().then(|| to_cel(v, 0)));
             let Some(v) = v else {
                 return Err(format!("path {path:?} does not exist in the event's data"));
+            };
+            let Some(v) = v else {
+                return Err(format!(
+                    "the value at {path:?} nests deeper than {} levels",
+                    crate::json::MAX_DEPTH
+                ));
             };
             cx.add_variable_from_value(name.as_str(), v);
         }
@@ -339,27 +345,41 @@ pub fn root_context() -> cel::Context<'static, 'static> {
     cel::Context::default()
 }
 
-/// A gjson value as a CEL value, every number a double (govaluate's float64).
-fn to_cel(v: &gjson::Value) -> cel::Value {
-    match v.kind() {
+/// A gjson value as a CEL value, every number a double (govaluate's float64); `None` when it
+/// nests deeper than [`crate::json::MAX_DEPTH`] (this recurses per level).
+fn to_cel(v: &gjson::Value, depth: usize) -> Option<cel::Value> {
+    if depth > crate::json::MAX_DEPTH {
+        return None;
+    }
+    Some(match v.kind() {
         gjson::Kind::Null => cel::Value::Null,
         gjson::Kind::False => cel::Value::Bool(false),
         gjson::Kind::True => cel::Value::Bool(true),
         gjson::Kind::Number => cel::Value::Float(v.f64()),
         gjson::Kind::String => cel::Value::String(Arc::new(v.str().to_owned())),
-        gjson::Kind::Array => cel::Value::List(Arc::new(v.array().iter().map(to_cel).collect())),
+        gjson::Kind::Array => cel::Value::List(Arc::new(
+            v.array()
+                .iter()
+                .map(|x| to_cel(x, depth + 1))
+                .collect::<Option<_>>()?,
+        )),
         gjson::Kind::Object => {
             let mut m = HashMap::new();
+            let mut deep = false;
             v.each(|k, val| {
-                m.insert(
-                    cel::objects::Key::String(Arc::new(k.str().to_owned())),
-                    to_cel(&val),
-                );
+                let Some(x) = to_cel(&val, depth + 1) else {
+                    deep = true;
+                    return false;
+                };
+                m.insert(cel::objects::Key::String(Arc::new(k.str().to_owned())), x);
                 true
             });
+            if deep {
+                return None;
+            }
             cel::Value::Map(cel::objects::Map { map: Arc::new(m) })
         }
-    }
+    })
 }
 
 #[cfg(test)]
@@ -373,7 +393,8 @@ mod tests {
             .collect();
         let x = Expr::compile(expr, &f)?;
         let memo = crate::filter::Lookups::default();
-        x.eval(&root_context(), &memo.on(data))
+        let doc = crate::json::Doc::check(data).expect("JSON");
+        x.eval(&root_context(), &memo.on(&doc))
     }
 
     #[test]
@@ -420,5 +441,21 @@ mod tests {
         let e = run("a + 1", &[("a", "a")], data).unwrap_err();
         assert!(e.contains("not a boolean"), "{e}");
         assert!(run("'open", &[], data).unwrap_err().contains("not closed"));
+    }
+
+    #[test]
+    fn a_field_nested_too_deep_to_convert_is_an_error_not_a_crash() {
+        let n = 100_000;
+        let data = format!(r#"{{"a":{}{}}}"#, "[".repeat(n), "]".repeat(n));
+        let e = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || run("a == 1", &[("a", "a")], &data))
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("nests deeper than 512 levels"), "{e}");
+        let data = format!(r#"{{"a":{}1{}}}"#, "[".repeat(300), "]".repeat(300));
+        assert!(!run("a == 1", &[("a", "a")], &data).unwrap());
     }
 }

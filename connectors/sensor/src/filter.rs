@@ -8,6 +8,7 @@ use regex::Regex;
 use serde::Deserialize;
 use sluice_core::Event;
 
+use crate::json::Doc;
 use crate::expr::Expr;
 use crate::script::Script;
 use crate::tmpl::Tmpl;
@@ -308,11 +309,11 @@ impl Filters {
         &self,
         cel_root: &cel::Context<'_, '_>,
         e: &Event,
-        text: Result<Option<&str>, String>,
+        text: &Result<Option<Doc<'_>>, String>,
     ) -> Verdict {
         let mut errors = Vec::new();
         // Argo: an event without data passes the data, exprs and script filters.
-        let data = || text.clone();
+        let data = || text.as_ref().map(Option::as_ref).map_err(Clone::clone);
         // A path read by several filters (a data filter and an expr field) is looked up once.
         let memo = Lookups::default();
         let families: [(bool, &'static str); 5] = [
@@ -345,7 +346,7 @@ impl Filters {
                 }),
                 "context" => Ok(self.context.as_ref().is_none_or(|c| context_matches(c, e))),
                 "script" => data().and_then(|d| match (d, &self.script) {
-                    (Some(d), Some(s)) => s.filter(d.as_bytes()),
+                    (Some(d), Some(s)) => s.filter(d.text.as_bytes()),
                     _ => Ok(true),
                 }),
                 _ => self.time.as_ref().map_or(Ok(true), |t| t.eval(e)),
@@ -428,7 +429,7 @@ pub(crate) struct Lookups<'a> {
 
 impl<'a> Lookups<'a> {
     /// The lookups into `data` (the same data for every call on one memo).
-    pub(crate) fn on<'m>(&'m self, data: &'a str) -> Lookup<'m, 'a> {
+    pub(crate) fn on<'m>(&'m self, data: &'m Doc<'a>) -> Lookup<'m, 'a> {
         Lookup { memo: self, data }
     }
 }
@@ -436,7 +437,7 @@ impl<'a> Lookups<'a> {
 /// [`Lookups`] bound to the data.
 pub(crate) struct Lookup<'m, 'a> {
     memo: &'m Lookups<'a>,
-    data: &'a str,
+    data: &'m Doc<'a>,
 }
 
 impl<'a> Lookup<'_, 'a> {
@@ -446,7 +447,7 @@ impl<'a> Lookup<'_, 'a> {
         let i = match done.iter().position(|(p, _)| *p == path) {
             Some(i) => i,
             None => {
-                done.push((path, gjson::get(self.data, path)));
+                done.push((path, self.data.get(path)));
                 done.len() - 1
             }
         };

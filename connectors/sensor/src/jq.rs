@@ -55,6 +55,13 @@ impl Jq {
 
     /// The new data: the program's first output, which must be an object.
     pub fn apply(&self, data: &[u8]) -> Result<Vec<u8>, String> {
+        // jaq's reader recurses per level: deeper data would overflow the worker's stack.
+        if crate::json::depth(data) > crate::json::MAX_DEPTH {
+            return Err(format!(
+                "the event's data nests deeper than {} levels",
+                crate::json::MAX_DEPTH
+            ));
+        }
         let input = jaq_json::read::parse_single(data)
             .map_err(|e| format!("the event's data is not JSON: {e}"))?;
         let ctx = Ctx::<data::JustLut<Val>>::new(&self.filter.lut, Vars::new([]));
@@ -99,5 +106,23 @@ mod tests {
             .contains("not an object"));
         assert!(Jq::compile(".[").is_err());
         assert!(jq.apply(b"not json").is_err());
+    }
+
+    #[test]
+    fn data_nested_too_deep_for_the_reader_is_refused_not_read() {
+        // jaq's reader recurses per level: 100 000 levels overflowed a 2 MiB stack.
+        let n = 100_000;
+        let deep = format!(r#"{{"a":{}{}}}"#, "[".repeat(n), "]".repeat(n));
+        let jq = Jq::compile("{b: 1}").unwrap();
+        let e = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || jq.apply(deep.as_bytes()))
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("nests deeper than 512 levels"), "{e}");
+        let ok = format!(r#"{{"a":{}{}}}"#, "[".repeat(500), "]".repeat(500));
+        assert!(Jq::compile("{b: 1}").unwrap().apply(ok.as_bytes()).is_ok());
     }
 }

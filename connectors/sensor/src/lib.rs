@@ -11,6 +11,7 @@ mod condition;
 mod expr;
 mod filter;
 mod jq;
+mod json;
 mod params;
 mod run;
 mod script;

@@ -22,6 +22,7 @@ use sluice_core::{
 };
 
 use crate::condition::{self, Cond};
+use crate::json::Doc;
 use crate::filter::Filters;
 use crate::params::{context_json, Param, Resolved};
 use crate::{expr, Retry, SensorConfig};
@@ -354,7 +355,7 @@ impl Sensor {
         };
         let mut out = Vec::new();
         // The data checked as JSON once for every dependency that reads it unchanged.
-        let mut json_text: Option<Result<Option<&str>, String>> = None;
+        let mut json_text: Option<Result<Option<Doc<'_>>, String>> = None;
         for &d in cands {
             let dep = &self.deps[d];
             if dep.ty.as_deref().is_some_and(|ty| ty != e.ty) {
@@ -388,9 +389,13 @@ impl Sensor {
                 }
             };
             let seen = transformed.as_ref().unwrap_or(e);
+            let own;
             let text = match &transformed {
-                None => json_text.get_or_insert_with(|| data_text(e)).clone(),
-                Some(t) => data_text(t),
+                None => &*json_text.get_or_insert_with(|| data_text(e)),
+                Some(t) => {
+                    own = data_text(t);
+                    &own
+                }
             };
             let v = dep.filters.eval(root, seen, text);
             for err in &v.errors {
@@ -501,7 +506,7 @@ impl Sensor {
 
 /// The event's data for the filters: `Ok(None)` without data, `Err` when it is not JSON.
 /// Data known to be JSON is not checked again.
-pub(crate) fn data_text(e: &Event) -> Result<Option<&str>, String> {
+pub(crate) fn data_text(e: &Event) -> Result<Option<Doc<'_>>, String> {
     let not_json = || "the event's data is not JSON".to_string();
     let Some(bytes) = e.data.as_bytes() else {
         return Ok(None);
@@ -511,9 +516,8 @@ pub(crate) fn data_text(e: &Event) -> Result<Option<&str>, String> {
         return Ok(None);
     }
     match &e.data {
-        sluice_core::Data::Json(_) => Ok(Some(text)),
-        _ if gjson::valid(text) => Ok(Some(text)),
-        _ => Err(not_json()),
+        sluice_core::Data::Json(_) => Ok(Some(Doc::trusted(text))),
+        _ => Doc::check(text).map(Some).ok_or_else(not_json),
     }
 }
 

@@ -20,7 +20,7 @@ fn filters(cfg: serde_json::Value, logic: Logic) -> Result<Filters, String> {
 
 /// (pass, error) as Argo's filter functions return them.
 fn eval(f: &Filters, e: &Event) -> (bool, bool) {
-    let v = f.eval(&expr::root_context(), e, crate::run::data_text(e));
+    let v = f.eval(&expr::root_context(), e, &crate::run::data_text(e));
     (v.pass, !v.errors.is_empty())
 }
 
