@@ -2001,3 +2001,83 @@ sinks:
     // Fired: the state is clear, another nightly alone fires only `notify`.
     assert!(d.stop().success());
 }
+
+/// A body nested deeper than any thread's stack (150 000 brackets, 300 KB, under the webhook's
+/// default `max_body`) reaches a sensor's data filter, exprs field and jq transform: each
+/// answers with an error for that event, the daemon goes on. gjson's recursive `valid` and
+/// jaq's reader overflowed a worker's stack on it and aborted the process.
+#[tokio::test]
+async fn a_sensor_takes_data_nested_deeper_than_a_stack_without_crashing() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = r#"sources:
+  hooks: { kind: webhook, listen: @HOOK@, path: /in }
+sinks:
+  console: { kind: log }
+sensors:
+  deep:
+    dependencies:
+      - name: bydata
+        source: hooks
+        filters:
+          data: [{ path: kind, type: string, value: ['^order$'] }]
+          exprs: [{ expr: 'n > 1', fields: [{ name: n, path: n }] }]
+      - name: byjq
+        source: hooks
+        transform: { jq: "{kind, copied: true}" }
+    triggers:
+      - { name: fwd, conditions: bydata || byjq, sink: console, atLeastOnce: true }
+"#;
+    let mut d = Daemon::start_with(dir.path(), body);
+    d.wait_ready().await;
+    let levels = 150_000;
+    let deep = format!(
+        r#"{{"kind":"order","n":{}2{}}}"#,
+        "[".repeat(levels),
+        "]".repeat(levels)
+    );
+    let (status, answer) = request(
+        d.hook,
+        "POST",
+        "/in",
+        &[
+            ("content-type", "application/json"),
+            ("idempotency-key", "deep"),
+        ],
+        deep.as_bytes(),
+    )
+    .await
+    .expect("the daemon answers the deep body");
+    assert_eq!(status, StatusCode::OK, "{answer:?}");
+    // Still up, and still firing: a plain event passes both dependencies.
+    let (status, answer) = request(
+        d.hook,
+        "POST",
+        "/in",
+        &[
+            ("content-type", "application/json"),
+            ("idempotency-key", "plain"),
+        ],
+        br#"{"kind":"order","n":2}"#,
+    )
+    .await
+    .expect("the daemon answers after the deep body");
+    assert_eq!(status, StatusCode::OK, "{answer:?}");
+    // The trigger's output, from the plain event (the deep one matched nothing).
+    let line = d.next_line();
+    assert_eq!(line["data"]["kind"], "order", "{line}");
+    let metrics = String::from_utf8_lossy(&get(d.admin, "/metrics").await.unwrap().1).to_string();
+    // The deep event: an error in each dependency (the exprs field too deep to convert, the jq
+    // reader refused); the plain one matched both.
+    for dep in ["bydata", "byjq"] {
+        let series = |result: &str| {
+            format!("sluice_sensor_dependency_events_total{{sensor=\"deep\",dependency=\"{dep}\",result=\"{result}\"}}")
+        };
+        assert_eq!(metric(&metrics, &series("error")), 1.0, "{dep}: {metrics}");
+        assert_eq!(
+            metric(&metrics, &series("matched")),
+            1.0,
+            "{dep}: {metrics}"
+        );
+    }
+    assert!(d.stop().success());
+}

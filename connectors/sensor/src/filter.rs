@@ -8,8 +8,8 @@ use regex::Regex;
 use serde::Deserialize;
 use sluice_core::Event;
 
-use crate::json::Doc;
 use crate::expr::Expr;
+use crate::json::Doc;
 use crate::script::Script;
 use crate::tmpl::Tmpl;
 

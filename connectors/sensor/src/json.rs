@@ -27,12 +27,10 @@ impl<'a> Doc<'a> {
             Ok(Top(members)) => Some(Doc { text, members }),
             // A key serde_json would not take as a borrowed string (a lone surrogate escape, say)
             // fails the locating pass; the plain check decides.
-            Err(_) => serde_json::from_str::<IgnoredAny>(text)
-                .ok()
-                .map(|_| Doc {
-                    text,
-                    members: None,
-                }),
+            Err(_) => serde_json::from_str::<IgnoredAny>(text).ok().map(|_| Doc {
+                text,
+                members: None,
+            }),
         }
     }
 
@@ -190,11 +188,45 @@ mod tests {
     ];
 
     const PATHS: &[&str] = &[
-        "pad", "items", "items.0.sku", "items.1.qty", "items.#", "items.#.sku", "n", "t", "z",
-        "o", "o.a", "o.a.b", "s", "a", "b.a", "key", "x.y", "sp", "sp.1", "e", "ea", "0.a", "#.a",
-        "a-b.c_d.2.e", "0", "1.2", "body.action", "header.X-Foo.1", "header.X-Foo.#",
-        "missing", "missing.x", "items.", "o.a|b", "o.*.b", "i?ems.0", "@this", "items|@reverse",
-        "body\\.action", "",
+        "pad",
+        "items",
+        "items.0.sku",
+        "items.1.qty",
+        "items.#",
+        "items.#.sku",
+        "n",
+        "t",
+        "z",
+        "o",
+        "o.a",
+        "o.a.b",
+        "s",
+        "a",
+        "b.a",
+        "key",
+        "x.y",
+        "sp",
+        "sp.1",
+        "e",
+        "ea",
+        "0.a",
+        "#.a",
+        "a-b.c_d.2.e",
+        "0",
+        "1.2",
+        "body.action",
+        "header.X-Foo.1",
+        "header.X-Foo.#",
+        "missing",
+        "missing.x",
+        "items.",
+        "o.a|b",
+        "o.*.b",
+        "i?ems.0",
+        "@this",
+        "items|@reverse",
+        "body\\.action",
+        "",
     ];
 
     #[test]
@@ -218,8 +250,14 @@ mod tests {
         let d = Doc::check(DOCS[0]).unwrap();
         let keys: Vec<_> = d.members.as_ref().unwrap().iter().map(|m| m.0).collect();
         assert_eq!(keys, ["pad", "items", "n", "t", "z", "o", "s"]);
-        assert_eq!(d.members.as_ref().unwrap()[1].1, r#"[{"sku":"A-1","qty":3},{"sku":"B","qty":1}]"#);
-        assert!(Doc::check(DOCS[2]).unwrap().members.is_none(), "an escaped key");
+        assert_eq!(
+            d.members.as_ref().unwrap()[1].1,
+            r#"[{"sku":"A-1","qty":3},{"sku":"B","qty":1}]"#
+        );
+        assert!(
+            Doc::check(DOCS[2]).unwrap().members.is_none(),
+            "an escaped key"
+        );
         assert!(Doc::check(DOCS[4]).unwrap().members.is_none(), "an array");
         assert!(Doc::check(DOCS[6]).unwrap().members.is_none(), "a number");
     }
@@ -227,14 +265,40 @@ mod tests {
     #[test]
     fn what_is_not_one_json_document_is_refused() {
         for bad in [
-            "", " ", "{", r#"{"a":1"#, r#"{"a":1}}"#, r#"{"a":1} {"b":2}"#, r#"{"a":}"#,
-            r#"{"a" 1}"#, r#"{a:1}"#, r#"{"a":01}"#, r#"{"a":1,}"#, r#"[1,]"#, r#"{"a":"x"#,
-            "{\"a\":\"tab\there\"}", r#"{"a":tru}"#, r#"{"a":"\x"}"#, "nul", r#"{"a":[1,2}"#,
-            r#"{"a":{"b":[}]}"#, "'a'", r#"{"a":1e}"#, r#"{"a":-}"#, r#"{"a":.5}"#,
+            "",
+            " ",
+            "{",
+            r#"{"a":1"#,
+            r#"{"a":1}}"#,
+            r#"{"a":1} {"b":2}"#,
+            r#"{"a":}"#,
+            r#"{"a" 1}"#,
+            r#"{a:1}"#,
+            r#"{"a":01}"#,
+            r#"{"a":1,}"#,
+            r#"[1,]"#,
+            r#"{"a":"x"#,
+            "{\"a\":\"tab\there\"}",
+            r#"{"a":tru}"#,
+            r#"{"a":"\x"}"#,
+            "nul",
+            r#"{"a":[1,2}"#,
+            r#"{"a":{"b":[}]}"#,
+            "'a'",
+            r#"{"a":1e}"#,
+            r#"{"a":-}"#,
+            r#"{"a":.5}"#,
         ] {
             assert!(Doc::check(bad).is_none(), "{bad:?} is not JSON");
         }
-        for good in [r#"{"a":"\ud83d\ude00"}"#, r#"{"a":1e400}"#, r#"{"a":-0.5E+3}"#, "[]", "{}", "null"] {
+        for good in [
+            r#"{"a":"\ud83d\ude00"}"#,
+            r#"{"a":1e400}"#,
+            r#"{"a":-0.5E+3}"#,
+            "[]",
+            "{}",
+            "null",
+        ] {
             assert!(Doc::check(good).is_some(), "{good:?} is JSON");
         }
     }
@@ -249,7 +313,11 @@ mod tests {
             .stack_size(256 << 10)
             .spawn(move || {
                 let d = Doc::check(&doc).map(|d| d.get("b").str().to_owned());
-                (d.is_some(), Doc::check(&bad).is_none(), depth(doc.as_bytes()))
+                (
+                    d.is_some(),
+                    Doc::check(&bad).is_none(),
+                    depth(doc.as_bytes()),
+                )
             })
             .unwrap()
             .join()

@@ -22,8 +22,8 @@ use sluice_core::{
 };
 
 use crate::condition::{self, Cond};
-use crate::json::Doc;
 use crate::filter::Filters;
+use crate::json::Doc;
 use crate::params::{context_json, Param, Resolved};
 use crate::{expr, Retry, SensorConfig};
 
