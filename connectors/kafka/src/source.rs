@@ -662,13 +662,14 @@ impl KafkaSource {
             let Ok(value) = std::str::from_utf8(v) else {
                 continue;
             };
-            // Invalid or reserved names (`id`, `data`, ...) and repeats are skipped.
-            if check_extension_name(&name).is_err() || e.extension(&name).is_some() {
+            // Invalid or reserved names (`id`, `data`, ...) are skipped, repeats below.
+            if check_extension_name(&name).is_err() {
                 continue;
             }
             e.extensions
                 .push((name, ExtValue::String(value.to_owned())));
         }
+        sluice_core::event::keep_first_of_each_name(&mut e.extensions, |(n, _)| n);
         if let Some(p) = payload {
             e = e.with_data(ct.clone(), Data::from_bytes(p, ct.as_deref()));
         }

@@ -26,10 +26,11 @@ pub(crate) fn decode(p: &View<'_>) -> Result<Option<Event>, EventError> {
     // MQTT 5 allows a name twice: the first one counts.
     let mut pairs: Vec<(&str, &[u8])> = Vec::with_capacity(p.user_properties.len() + 1);
     for (k, v) in p.user_properties {
-        if (check_extension_name(k).is_ok() || is_core(k)) && !pairs.iter().any(|(n, _)| n == k) {
+        if check_extension_name(k).is_ok() || is_core(k) {
             pairs.push((k.as_str(), v.as_bytes()));
         }
     }
+    sluice_core::event::keep_first_of_each_name(&mut pairs, |(n, _)| n);
     if let Some(ct) = p.content_type {
         pairs.push(("content-type", ct.as_bytes()));
     }
