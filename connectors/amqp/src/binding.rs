@@ -47,7 +47,10 @@ pub fn value_string(v: &AMQPValue) -> Option<String> {
 /// `content-type` of `application/cloudevents...`).
 pub fn is_cloudevent(props: &BasicProperties) -> bool {
     let structured = props.content_type().as_ref().is_some_and(|ct| {
-        ct.as_str().len() >= 23 && ct.as_str()[..23].eq_ignore_ascii_case("application/cloudevents")
+        ct.as_str()
+            .as_bytes()
+            .get(..23)
+            .is_some_and(|p| p.eq_ignore_ascii_case(b"application/cloudevents"))
     });
     structured
         || props.headers().as_ref().is_some_and(|h| {
@@ -235,6 +238,21 @@ mod tests {
             Some("3".into())
         );
         assert_eq!(e.data, Data::None);
+    }
+
+    #[test]
+    fn a_content_type_with_a_multibyte_character_at_the_prefix_end_is_not_a_cloudevent() {
+        for ct in [
+            "application/cloudeventé",
+            "application/cloudevent€+json",
+            "é",
+        ] {
+            let props = BasicProperties::default().with_content_type(ct.into());
+            assert!(!is_cloudevent(&props), "{ct}");
+        }
+        let props =
+            BasicProperties::default().with_content_type("application/cloudevents+json".into());
+        assert!(is_cloudevent(&props));
     }
 
     #[test]

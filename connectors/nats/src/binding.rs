@@ -51,7 +51,9 @@ pub fn decode(headers: Option<&HeaderMap>, payload: &Bytes) -> Result<Decoded, E
     }
     // Reuse the HTTP binding's rules (percent-decoding, required attributes, validation) over
     // the same header names.
-    let mut map = http::HeaderMap::with_capacity(headers.len());
+    // Sized for the usual few: `with_capacity` panics past 24 576 (a message may carry more
+    // header names than that; only the relevant ones are kept).
+    let mut map = http::HeaderMap::with_capacity(headers.len().min(64));
     for (key, values) in headers.iter() {
         let lower = self::name(key).to_ascii_lowercase();
         let relevant = lower.starts_with("ce-") || lower == "content-type";
@@ -70,7 +72,9 @@ pub fn decode(headers: Option<&HeaderMap>, payload: &Bytes) -> Result<Decoded, E
                     "header {lower} has a value that is not visible ASCII"
                 ))
             })?;
-            map.append(n.clone(), v);
+            map.try_append(n.clone(), v).map_err(|_| {
+                EventError("more CloudEvents headers than a header map holds".to_string())
+            })?;
         }
     }
     http_binding::decode_binary(&map, payload.clone()).map(|e| Decoded::Event(Box::new(e)))
@@ -79,6 +83,24 @@ pub fn decode(headers: Option<&HeaderMap>, payload: &Bytes) -> Result<Decoded, E
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn more_header_names_than_a_header_map_holds_are_refused_not_a_panic() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("ce-specversion", "1.0"),
+            ("ce-id", "1"),
+            ("ce-source", "/s"),
+            ("ce-type", "t"),
+        ] {
+            h.insert(k, v);
+        }
+        for i in 0..40_000 {
+            h.insert(format!("ce-x{i}").as_str(), "v");
+        }
+        let r = std::panic::catch_unwind(|| decode(Some(&h), &Bytes::new()).is_err());
+        assert_eq!(r.ok(), Some(true));
+    }
 
     #[test]
     fn binary_structured_and_plain_are_told_apart() {

@@ -369,8 +369,16 @@ fn scan_members(json: &str) -> Scan<'_> {
             plain = false;
             return false;
         }
-        let value = &body[vo..vo + v.json().len()];
-        members.push((&body[ko + 1..ko + 1 + name.len()], value));
+        // gjson takes `true`, `false` and `null` by their length without reading them: a
+        // broken token may end inside a multi-byte character, which is no place to cut.
+        let (Some(value), Some(key)) = (
+            body.get(vo..vo + v.json().len()),
+            body.get(ko + 1..ko + 1 + name.len()),
+        ) else {
+            end = None;
+            return false;
+        };
+        members.push((key, value));
         end = Some(vo + value.len());
         true
     });
@@ -688,6 +696,23 @@ mod tests;
 #[cfg(test)]
 mod unit {
     use super::*;
+
+    #[test]
+    fn a_broken_literal_that_ends_inside_a_character_is_a_400_not_a_panic() {
+        // gjson takes `t`, `f` and `n` tokens by their length without reading them; where that
+        // length ends inside a character, the body is refused (before: a slice panic).
+        for body in [
+            "{\"a\":tx\u{20ac}}",
+            "{\"a\":fals\u{e9}}",
+            "{\"a\":1,\"b\":nx\u{20ac}}",
+        ] {
+            let r = std::panic::catch_unwind(|| Doc::parse(body.as_bytes()).is_err());
+            assert_eq!(r.ok(), Some(true), "{body}");
+        }
+        // Where it ends on a boundary, the token is located, not checked (as documented).
+        let r = std::panic::catch_unwind(|| Doc::parse("{\"a\":n\u{20ac}}".as_bytes()).is_ok());
+        assert_eq!(r.ok(), Some(true));
+    }
 
     #[test]
     fn doc_paths_match_gjson_over_the_whole_text() {
