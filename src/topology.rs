@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sluice_core::pipeline::wiring::{self, DedupConfig, PipelineSpec, ProcessorSpec, SinkSpec};
 use sluice_core::state::StateStore;
@@ -23,14 +24,26 @@ use crate::state::RedbStore;
 fn supervise(what: String, running: Running, up: Arc<Component>) -> JoinHandle<()> {
     metrics::gauge!(sluice_core::telemetry::COMPONENT_UP, "component" => what.clone()).set(1.0);
     tokio::spawn(async move {
-        let why = match running.await {
-            Ok(()) => {
+        // A panic in a component ends its task; caught here, it is reported like an error
+        // (before, the task ended without a word and /readyz and /healthz went on reporting
+        // the component as running).
+        let why = match std::panic::AssertUnwindSafe(running).catch_unwind().await {
+            Ok(Ok(())) => {
                 tracing::info!(component = %what, "stopped");
                 "stopped".to_string()
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::error!(component = %what, error = %e, "stopped with an error; /readyz now reports it, /healthz after admin.liveness_grace");
                 e.to_string()
+            }
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".to_string());
+                tracing::error!(component = %what, panic = %msg, "stopped by a panic (a bug: please report it); /readyz now reports it, /healthz after admin.liveness_grace");
+                format!("panicked: {msg}")
             }
         };
         up.stopped(why);
@@ -305,4 +318,29 @@ pub async fn run(
         ),
     }
     Ok(drain)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_component_that_panics_is_reported_stopped_with_the_panic() {
+        let ready = Readiness::new(Duration::ZERO);
+        let up = ready.register("source boom".into());
+        up.running();
+        let running: Running = Box::pin(async {
+            if std::hint::black_box(true) {
+                panic!("boom at offset 7");
+            }
+            Ok(())
+        });
+        supervise("source boom".into(), running, up)
+            .await
+            .expect("the supervising task ends normally");
+        let dead = ready.dead();
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert!(dead[0].contains("panicked: boom at offset 7"), "{dead:?}");
+        assert_eq!(ready.not_ready(), ["source boom"]);
+    }
 }
