@@ -117,7 +117,19 @@ const EXIT_DRAIN_INCOMPLETE: u8 = 3;
 #[global_allocator]
 static GLOBAL: alloc::Mimalloc = alloc::Mimalloc;
 
+/// The stack of a thread a library spawns without a size (std's default is 2 MiB): lapin
+/// parses an AMQP message's header tables by recursion on its own I/O thread, about 1.4 KB a
+/// level in release builds, and a 128 KiB frame nests up to 26 000 levels (~37 MB). A message
+/// like that, which RabbitMQ forwards as is, aborted the process on every redelivery. Address
+/// space only: pages are committed as they are touched. Tokio's threads keep 2 MiB.
+const LIBRARY_THREAD_STACK: usize = 64 << 20;
+const TOKIO_THREAD_STACK: usize = 2 << 20;
+
 fn main() -> ExitCode {
+    // Before any thread starts: std reads it once, at the first spawn.
+    if std::env::var_os("RUST_MIN_STACK").is_none() {
+        std::env::set_var("RUST_MIN_STACK", LIBRARY_THREAD_STACK.to_string());
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Connectors => {
@@ -172,7 +184,11 @@ fn main() -> ExitCode {
                 }
                 None => tokio::runtime::Builder::new_multi_thread(),
             };
-            let rt = match rt.enable_all().build() {
+            let rt = match rt
+                .enable_all()
+                .thread_stack_size(TOKIO_THREAD_STACK)
+                .build()
+            {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("sluice: cannot start the runtime: {e}");

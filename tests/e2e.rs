@@ -2081,3 +2081,73 @@ sensors:
     }
     assert!(d.stop().success());
 }
+
+/// A message whose headers nest arrays 1 000 levels deep (RabbitMQ forwards it as is) reaches
+/// an AMQP source: lapin parses header tables by recursion on its own I/O thread, which
+/// overflowed std's default 2 MiB stack and aborted the daemon, again on every redelivery.
+/// The daemon now gives threads that libraries spawn a larger stack: the message is consumed
+/// and so is the next one.
+#[tokio::test]
+async fn an_amqp_message_with_deeply_nested_headers_does_not_abort_the_daemon() {
+    let tag = uuid::Uuid::now_v7().simple().to_string();
+    let queue = format!("e2e-deep-{tag}");
+    let amqp = lapin::Connection::connect(
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        lapin::ConnectionProperties::default(),
+    )
+    .await
+    .expect("RabbitMQ on 127.0.0.1:5672 (scripts/test.sh starts it)");
+    let ch = amqp.create_channel().await.unwrap();
+    ch.queue_declare(
+        queue.as_str().into(),
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let mut deep = lapin::types::AMQPValue::LongString("x".into());
+    for _ in 0..1_000 {
+        deep = lapin::types::AMQPValue::FieldArray(vec![deep].into());
+    }
+    let mut headers = lapin::types::FieldTable::default();
+    headers.insert("deep".into(), deep);
+    for (id, h) in [("deep", Some(headers)), ("plain", None)] {
+        let mut props = lapin::BasicProperties::default()
+            .with_message_id(id.into())
+            .with_delivery_mode(2);
+        if let Some(h) = h {
+            props = props.with_headers(h);
+        }
+        ch.basic_publish(
+            "".into(),
+            queue.as_str().into(),
+            Default::default(),
+            format!("{{\"m\":\"{id}\"}}").as_bytes(),
+            props,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "sources:\n  rabbit: {{ kind: amqp, queue: \"{queue}\", declare: {{ queue: {{ durable: true }} }} }}\nsinks:\n  console: {{ kind: log }}\nroutes:\n  - {{ from: [rabbit], to: [console] }}\n"
+    );
+    let mut d = Daemon::start_with(dir.path(), &body);
+    d.wait_ready().await;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let line = d.next_line();
+        got.push(line["data"]["m"].as_str().unwrap_or_default().to_string());
+    }
+    got.sort();
+    assert_eq!(got, ["deep", "plain"]);
+    assert!(d.stop().success());
+    ch.queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .unwrap();
+}

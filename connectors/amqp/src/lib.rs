@@ -173,6 +173,9 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// The largest frame asked for: 128 KiB, RabbitMQ's default.
+const MAX_FRAME: u32 = 128 << 10;
+
 /// Connects (bounded by 10 s), with the certificates of `tls` read from disk.
 pub(crate) async fn connect(
     url: &str,
@@ -181,9 +184,17 @@ pub(crate) async fn connect(
 ) -> Result<Connection, String> {
     let props =
         ConnectionProperties::default().with_connection_name(format!("sluice/{name}").into());
+    let mut uri: lapin::uri::AMQPUri = url
+        .parse()
+        .map_err(|e| format!("url {:?}: {e}", redact(url)))?;
+    // lapin parses a message's header tables by recursion on its I/O thread, about 1.4 KB of
+    // stack per level of nesting; a frame bounds the nesting (5 bytes a level). Frames of at
+    // most 128 KiB (RabbitMQ's default) keep a message within the I/O thread's 64 MiB stack
+    // (`src/main.rs`) whatever the broker allows.
+    uri.query.frame_max = Some(uri.query.frame_max.map_or(MAX_FRAME, |f| f.min(MAX_FRAME)));
     let connecting = async {
         match tls {
-            None => Connection::connect(url, props)
+            None => Connection::connect_uri(uri, props)
                 .await
                 .map_err(|e| e.to_string()),
             Some(t) => {
@@ -205,8 +216,8 @@ pub(crate) async fn connect(
                     _ => None,
                 };
                 let runtime = lapin::runtime::default_runtime().map_err(|e| e.to_string())?;
-                Connection::connect_with_config(
-                    url,
+                Connection::connect_uri_with_config(
+                    uri,
                     props,
                     lapin::tcp::OwnedTLSConfig {
                         identity,
