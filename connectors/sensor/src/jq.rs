@@ -122,7 +122,25 @@ mod tests {
             .unwrap()
             .unwrap_err();
         assert!(e.contains("nests deeper than 512 levels"), "{e}");
-        let ok = format!(r#"{{"a":{}{}}}"#, "[".repeat(500), "]".repeat(500));
-        assert!(Jq::compile("{b: 1}").unwrap().apply(ok.as_bytes()).is_ok());
+        // At the limit, a program that walks every level runs within a worker's stack.
+        let ok = format!(r#"{{"a":{}{}}}"#, "[".repeat(510), "]".repeat(510));
+        let out = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let walk = Jq::compile("{n: [..] | length}")
+                    .unwrap()
+                    .apply(ok.as_bytes());
+                let plain = Jq::compile("{b: 1}").unwrap().apply(ok.as_bytes());
+                (walk, plain)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(
+            out.0.unwrap(),
+            br#"{"n":511}"#,
+            "the object and its 510 arrays"
+        );
+        assert!(out.1.is_ok());
     }
 }
