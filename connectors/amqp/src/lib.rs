@@ -191,7 +191,11 @@ pub(crate) async fn connect(
     // stack per level of nesting; a frame bounds the nesting (5 bytes a level). Frames of at
     // most 128 KiB (RabbitMQ's default) keep a message within the I/O thread's 64 MiB stack
     // (`src/main.rs`) whatever the broker allows.
-    uri.query.frame_max = Some(uri.query.frame_max.map_or(MAX_FRAME, |f| f.min(MAX_FRAME)));
+    // (0 would mean "whatever the server says".)
+    uri.query.frame_max = Some(match uri.query.frame_max {
+        Some(f) if f > 0 => f.min(MAX_FRAME),
+        _ => MAX_FRAME,
+    });
     let connecting = async {
         match tls {
             None => Connection::connect_uri(uri, props)

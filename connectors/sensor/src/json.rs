@@ -43,24 +43,40 @@ impl<'a> Doc<'a> {
     }
 
     /// `gjson::get(text, path)`, started at the top-level member the path's first step names
-    /// when that step is a plain name (letters, digits, `_`, `-`) and the document's first
-    /// member of that name was located; gjson's answer is the same either way.
+    /// when that step is a plain name (letters, digits, `_`, `-`) followed by the end of the
+    /// path or by a `.` and a plain next step, and the document's first member of that name
+    /// was located. Whatever that does not find is looked up from the start of the text:
+    /// gjson, having matched a key whose value lacks the rest of the path, goes on reading
+    /// inside that value and after it (`{"data":{"data":{"id":5}}}` has `data.id` for gjson),
+    /// so a miss from the member alone would not be gjson's answer.
     pub(crate) fn get(&self, path: &'a str) -> gjson::Value<'a> {
         if let Some(members) = &self.members {
             let plain = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'-';
             let (first, rest) = match path.bytes().position(|c| !plain(c)) {
                 None => (path, None),
-                Some(i) if path.as_bytes()[i] == b'.' && i + 1 < path.len() => {
+                // The next step starts with a plain character or `#` (a count or a query),
+                // never `.` (gjson's JSON-lines prefix), `@` (a modifier at a path's start)
+                // or anything else gjson reads differently at the start of a path.
+                Some(i)
+                    if path.as_bytes()[i] == b'.'
+                        && path
+                            .as_bytes()
+                            .get(i + 1)
+                            .is_some_and(|&c| plain(c) || c == b'#') =>
+                {
                     (&path[..i], Some(&path[i + 1..]))
                 }
                 Some(_) => return gjson::get(self.text, path),
             };
             if !first.is_empty() {
                 if let Some((_, value)) = members.iter().find(|(k, _)| *k == first) {
-                    return match rest {
+                    let found = match rest {
                         None => gjson::parse(value),
                         Some(rest) => gjson::get(value, rest),
                     };
+                    if found.exists() {
+                        return found;
+                    }
                 }
             }
         }
@@ -185,6 +201,9 @@ mod tests {
         "42",
         r#"{"a-b":{"c_d":[0,1,{"e":"f"}]},"0":"zero","1":{"2":"two"}}"#,
         r#"{"body":{"action":"opened","ref":"refs/heads/main"},"header":{"X-Foo":["a","b"]}}"#,
+        r#"{"data":{"data":{"id":5}},"id":6}"#,
+        r#"{"a":[1],"a":{"b":2}}"#,
+        r#"{"a":{"x":1},"b":[{"k":"v","n":3},{"k":"w","n":4}]}"#,
     ];
 
     const PATHS: &[&str] = &[
@@ -227,6 +246,17 @@ mod tests {
         "items|@reverse",
         "body\\.action",
         "",
+        "data.id",
+        "data.data.id",
+        "a.b",
+        "a...0",
+        "a..x",
+        "a.@reverse",
+        "b.#(k==\"w\").n",
+        "b.#(n>3)#.k",
+        "b.!true",
+        "a.x.",
+        "id",
     ];
 
     #[test]

@@ -79,7 +79,9 @@ impl<F: Future<Output = ()>> SinkWindow<F> {
     ///
     /// The grace is checked first, then waited for only when nothing else is ready: polling
     /// its future on every step registered and removed a waiter under the token's locks, three
-    /// lock round trips per step (a sensor steps once or twice per event).
+    /// lock round trips per step (a sensor steps once or twice per event). So when the grace
+    /// ends in the same wake-up as input arrives, that input is taken, and the next step says
+    /// `GraceOver` (what the input started is dropped with the window and reported failed).
     pub async fn step<T, I: Future<Output = T>>(
         &mut self,
         grace_over: &CancellationToken,
