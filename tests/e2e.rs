@@ -1529,6 +1529,19 @@ async fn provider_libraries_signatures_verify() {
 }
 
 /// The `data` fields of every entry of a Redis stream.
+/// A connection to the machine's RabbitMQ and a channel on it (keep the connection while the
+/// channel is in use).
+async fn rabbitmq() -> (lapin::Connection, lapin::Channel) {
+    let amqp = lapin::Connection::connect(
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        lapin::ConnectionProperties::default(),
+    )
+    .await
+    .expect("RabbitMQ on 127.0.0.1:5672 (scripts/test.sh starts it)");
+    let ch = amqp.create_channel().await.unwrap();
+    (amqp, ch)
+}
+
 async fn redis_stream_data(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<String> {
     let reply: redis::streams::StreamRangeReply =
         redis::AsyncCommands::xrange_all(c, key).await.unwrap();
@@ -1557,13 +1570,7 @@ async fn broker_sources_survive_kill_9() {
         .get_multiplexed_async_connection()
         .await
         .expect("Redis on 127.0.0.1:6379 (scripts/test.sh starts it)");
-    let amqp = lapin::Connection::connect(
-        "amqp://guest:guest@127.0.0.1:5672/%2f",
-        lapin::ConnectionProperties::default(),
-    )
-    .await
-    .expect("RabbitMQ on 127.0.0.1:5672 (scripts/test.sh starts it)");
-    let ch = amqp.create_channel().await.unwrap();
+    let (_amqp, ch) = rabbitmq().await;
     let mut mo = rumqttc::MqttOptions::new(format!("e2e-pub-{tag}"), "127.0.0.1", 1883);
     mo.set_inflight(50);
     let (mqtt, mut mqtt_loop) = rumqttc::AsyncClient::new(mo, 1000);
@@ -2093,13 +2100,7 @@ sensors:
 async fn an_amqp_message_with_deeply_nested_headers_does_not_abort_the_daemon() {
     let tag = uuid::Uuid::now_v7().simple().to_string();
     let queue = format!("e2e-deep-{tag}");
-    let amqp = lapin::Connection::connect(
-        "amqp://guest:guest@127.0.0.1:5672/%2f",
-        lapin::ConnectionProperties::default(),
-    )
-    .await
-    .expect("RabbitMQ on 127.0.0.1:5672 (scripts/test.sh starts it)");
-    let ch = amqp.create_channel().await.unwrap();
+    let (_amqp, ch) = rabbitmq().await;
     ch.queue_declare(
         queue.as_str().into(),
         lapin::options::QueueDeclareOptions {
