@@ -127,56 +127,75 @@ pub enum Mode {
     Structured,
 }
 
-/// Properties and body for `e`. `message-id` is the event id and `timestamp` its time, so
-/// consumers that know nothing of CloudEvents still see them.
-pub fn encode(e: &Event, mode: Mode, persistent: bool) -> (BasicProperties, Vec<u8>) {
-    let mut props = BasicProperties::default()
-        .with_message_id(ShortString::from(e.id.as_str()))
-        .with_delivery_mode(if persistent { 2 } else { 1 });
+/// An AMQP short string (at most 255 bytes: lapin panics past that), or why not.
+pub fn short(what: &str, v: &str) -> Result<ShortString, String> {
+    if v.len() > 255 {
+        return Err(format!(
+            "{what} is {} bytes; AMQP short strings hold at most 255",
+            v.len()
+        ));
+    }
+    Ok(ShortString::from(v))
+}
+
+/// Properties and body for `e`. `message-id` is the event id (unless it is longer than a
+/// short string holds; the id still travels in the CloudEvents header or body) and
+/// `timestamp` its time, so consumers that know nothing of CloudEvents still see them. An
+/// event whose content type or extension names do not fit AMQP's short strings is refused.
+pub fn encode(
+    e: &Event,
+    mode: Mode,
+    persistent: bool,
+) -> Result<(BasicProperties, Vec<u8>), String> {
+    let mut props = BasicProperties::default().with_delivery_mode(if persistent { 2 } else { 1 });
+    if let Ok(id) = short("the id", &e.id) {
+        props = props.with_message_id(id);
+    }
     if let Some(t) = &e.time {
         if let Ok(secs) = u64::try_from(t.instant().timestamp()) {
             props = props.with_timestamp(secs);
         }
     }
-    match mode {
+    Ok(match mode {
         Mode::Structured => (
             props.with_content_type(ShortString::from(STRUCTURED_CONTENT_TYPE)),
             format::encode_event(e),
         ),
         Mode::Binary => {
             let mut h = FieldTable::default();
-            let mut put = |k: &str, v: &str| {
+            let mut put = |k: &str, v: &str| -> Result<(), String> {
                 h.insert(
-                    ShortString::from(format!("{PREFIX}{k}")),
+                    short("a header name", &format!("{PREFIX}{k}"))?,
                     AMQPValue::LongString(LongString::from(v.as_bytes().to_vec())),
                 );
+                Ok(())
             };
-            put("specversion", SPEC_VERSION);
-            put("id", &e.id);
-            put("source", &e.source);
-            put("type", &e.ty);
+            put("specversion", SPEC_VERSION)?;
+            put("id", &e.id)?;
+            put("source", &e.source)?;
+            put("type", &e.ty)?;
             if let Some(v) = &e.subject {
-                put("subject", v);
+                put("subject", v)?;
             }
             if let Some(v) = &e.dataschema {
-                put("dataschema", v);
+                put("dataschema", v)?;
             }
             if let Some(v) = &e.time {
-                put("time", v.as_str());
+                put("time", v.as_str())?;
             }
             for (n, v) in &e.extensions {
-                put(n, &v.to_canonical());
+                put(n, &v.to_canonical())?;
             }
             props = props.with_headers(h);
             if let Some(ct) = &e.datacontenttype {
-                props = props.with_content_type(ShortString::from(ct.as_str()));
+                props = props.with_content_type(short("the datacontenttype", ct)?);
             }
             (
                 props,
                 e.data.as_bytes().map(|b| b.to_vec()).unwrap_or_default(),
             )
         }
-    }
+    })
 }
 
 #[cfg(test)]
@@ -195,7 +214,7 @@ mod tests {
     #[test]
     fn binary_and_structured_roundtrip() {
         for mode in [Mode::Binary, Mode::Structured] {
-            let (props, body) = encode(&event(), mode, true);
+            let (props, body) = encode(&event(), mode, true).unwrap();
             assert!(is_cloudevent(&props));
             assert_eq!(
                 decode(&props, Bytes::from(body)).unwrap(),
@@ -238,6 +257,29 @@ mod tests {
             Some("3".into())
         );
         assert_eq!(e.data, Data::None);
+    }
+
+    #[test]
+    fn values_longer_than_a_short_string_are_left_out_or_refused_not_a_panic() {
+        let mut e = event();
+        e.id = "i".repeat(300);
+        for mode in [Mode::Binary, Mode::Structured] {
+            let (props, body) = encode(&e, mode, true).unwrap();
+            assert!(props.message_id().is_none(), "{mode:?}");
+            let back = decode(&props, Bytes::from(body)).unwrap();
+            assert_eq!(back.id, e.id, "{mode:?}: the id travels in full");
+        }
+        let mut e = event();
+        e.datacontenttype = Some(format!("application/json; x={}", "y".repeat(300)));
+        let err = encode(&e, Mode::Binary, true).unwrap_err();
+        assert!(err.contains("datacontenttype is 320 bytes"), "{err}");
+        let mut e = event();
+        e.extensions
+            .push(("x".repeat(250), ExtValue::String("v".into())));
+        assert!(encode(&e, Mode::Binary, true)
+            .unwrap_err()
+            .contains("a header name"));
+        assert!(encode(&e, Mode::Structured, true).is_ok());
     }
 
     #[test]

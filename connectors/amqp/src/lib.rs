@@ -370,4 +370,32 @@ mod tests {
         a.insert("bad".to_string(), serde_json::json!([1]));
         assert!(field_table(&a).is_err());
     }
+
+    #[test]
+    fn a_sink_names_longer_than_a_short_string_are_refused_at_validate() {
+        use sluice_core::SinkConfig;
+        let sink = |extra: serde_json::Value| {
+            let mut cfg = serde_json::json!({ "exchange": "events" });
+            cfg.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            serde_json::from_value::<sink::AmqpSinkConfig>(cfg).unwrap()
+        };
+        assert!(sink(serde_json::json!({})).validate("out").is_ok());
+        let long = "e".repeat(256);
+        let err = sink(serde_json::json!({ "exchange": long }))
+            .validate("out")
+            .unwrap_err();
+        assert!(err.contains("exchange is 256 bytes"), "{err}");
+        let err = sink(serde_json::json!({ "routing_key": long }))
+            .validate("out")
+            .unwrap_err();
+        assert!(err.contains("routing_key is 256 bytes"), "{err}");
+        // A template is checked per event (the event is refused, the sink goes on).
+        assert!(
+            sink(serde_json::json!({ "routing_key": format!("{long}.{{type}}") }))
+                .validate("out")
+                .is_ok()
+        );
+    }
 }

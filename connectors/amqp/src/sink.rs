@@ -81,6 +81,10 @@ impl SinkConfig for AmqpSinkConfig {
     fn validate(&self, _name: &str) -> Result<(), String> {
         check_url(&self.url, self.tls.as_ref())?;
         Template::parse("routing_key", &self.routing_key)?;
+        binding::short("exchange", &self.exchange)?;
+        if !self.routing_key.contains('{') {
+            binding::short("routing_key", &self.routing_key)?;
+        }
         if self.declare.is_some() && self.exchange.is_empty() {
             return Err(
                 "declare needs an exchange name (the default exchange \"\" always exists)".into(),
@@ -205,16 +209,22 @@ impl AmqpSink {
             };
             for SinkItem { event, delivery } in batch.drain(..) {
                 let key = self.template.render_with(&event, |out, v| out.push_str(v));
-                let (props, body) = binding::encode(&event, self.cfg.mode, self.cfg.persistent);
+                let encoded = binding::short("the routing key", &key).and_then(|key| {
+                    binding::encode(&event, self.cfg.mode, self.cfg.persistent)
+                        .map(|(props, body)| (key, props, body))
+                });
+                let (key, props, body) = match encoded {
+                    Ok(e) => e,
+                    Err(why) => {
+                        delivery.rejected(format!("amqp sink {}: {why}", self.name));
+                        continue;
+                    }
+                };
                 // Bounded by the grace period: a blocked connection (a broker resource alarm)
                 // must not hold up shutdown.
-                let publishing = l.channel.basic_publish(
-                    exchange.clone(),
-                    ShortString::from(key),
-                    opts,
-                    &body,
-                    props,
-                );
+                let publishing = l
+                    .channel
+                    .basic_publish(exchange.clone(), key, opts, &body, props);
                 let published = tokio::select! {
                     r = publishing => r,
                     _ = ctx.grace_over.cancelled() => {
