@@ -105,7 +105,12 @@ impl Fifo {
         if group.is_empty() {
             group.push('-');
         }
-        group.truncate(128);
+        // At most 128 bytes, cut at a character boundary (`truncate` panics inside one).
+        let mut end = group.len().min(128);
+        while !group.is_char_boundary(end) {
+            end -= 1;
+        }
+        group.truncate(end);
         (group, format!("{:032x}", e.key()))
     }
 }
@@ -597,6 +602,19 @@ impl SinkConfig for SnsSinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fifo_group_id_is_cut_at_128_bytes_on_a_character_boundary() {
+        let fifo = Fifo::new(true, Some("{subject}")).unwrap().unwrap();
+        let subject = format!("a{}", "\u{e9}".repeat(64));
+        let e = sluice_core::Event::new("1", "/s", "t").with_subject(subject.clone());
+        let (group, dedup) = fifo.fields(&e);
+        assert_eq!(group.len(), 127, "byte 128 falls inside a character");
+        assert!(subject.starts_with(&group));
+        assert_eq!(dedup.len(), 32);
+        let e = sluice_core::Event::new("1", "/s", "t").with_subject("x".repeat(300));
+        assert_eq!(fifo.fields(&e).0.len(), 128);
+    }
 
     #[test]
     fn throttling_and_credential_codes_are_not_the_senders_fault() {

@@ -427,6 +427,17 @@ pub fn msg_id(e: &Event) -> String {
     hex::encode(e.key().to_be_bytes())
 }
 
+/// The `Nats-Msg-Id` for `e`: the event id in Argo's EventBus form (Argo deduplicates by it),
+/// unless it holds a line break, which no header value may (async-nats panics on one); else,
+/// and always in Sluice's own form, the hashed key.
+fn message_id(e: &Event, argo: bool) -> String {
+    if argo && !e.id.contains(['\r', '\n']) {
+        e.id.clone()
+    } else {
+        msg_id(e)
+    }
+}
+
 impl NatsSink {
     /// The subject for `e`: rendered, or the fixed one shared (no allocation per event).
     fn subject(&self, e: &Event) -> async_nats::Subject {
@@ -439,8 +450,10 @@ impl NatsSink {
     /// Headers and payload for one event.
     fn encode(&self, e: &Event) -> (HeaderMap, Bytes) {
         let mut h = HeaderMap::new();
-        let id = if self.argo { e.id.clone() } else { msg_id(e) };
-        h.insert(async_nats::header::NATS_MESSAGE_ID, id);
+        h.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            message_id(e, self.argo),
+        );
         match self.mode {
             Mode::Structured => {
                 h.insert(CONTENT_TYPE, format::STRUCTURED_CONTENT_TYPE);
@@ -576,5 +589,24 @@ fn settle(delivery: Delivery, result: Result<(), String>) {
     match result {
         Ok(()) => delivery.delivered(),
         Err(reason) => delivery.failed(reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_argo_id_with_a_line_break_is_hashed_not_a_header_panic() {
+        let plain = Event::new("abc-1", "/s", "t");
+        assert_eq!(message_id(&plain, true), "abc-1");
+        assert_eq!(message_id(&plain, false), msg_id(&plain));
+        for id in ["a\nb", "a\r\nb", "\r"] {
+            let e = Event::new(id, "/s", "t");
+            let m = message_id(&e, true);
+            assert_eq!(m, msg_id(&e), "{id:?}");
+            let mut h = HeaderMap::new();
+            h.insert(async_nats::header::NATS_MESSAGE_ID, m);
+        }
     }
 }
