@@ -82,6 +82,34 @@ pub(crate) struct Props {
     pub user_properties: Vec<(String, String)>,
 }
 
+/// The longest string MQTT writes (a two-byte length). rumqttc writes a longer one's length
+/// modulo 65 536 without a word, so the broker reads a shorter topic and takes the rest for
+/// the next fields: a topic built from an event could escape its template that way.
+pub(crate) const MAX_STRING: usize = u16::MAX as usize;
+
+impl Props {
+    /// Why these properties cannot be written, if a string is longer than MQTT allows.
+    pub(crate) fn too_long(&self) -> Option<String> {
+        let over = |what: &str, s: &str| {
+            (s.len() > MAX_STRING).then(|| {
+                format!(
+                    "{what} is {} bytes; MQTT strings hold at most 65535",
+                    s.len()
+                )
+            })
+        };
+        self.content_type
+            .as_deref()
+            .and_then(|c| over("the content type", c))
+            .or_else(|| {
+                self.user_properties.iter().find_map(|(k, v)| {
+                    over("a user property name", k)
+                        .or_else(|| over(&format!("user property {k:?}"), v))
+                })
+            })
+    }
+}
+
 pub(crate) trait Proto: Send + Sync + 'static {
     type Client: Clone + Send + Sync + 'static;
     type EventLoop: Send + 'static;
@@ -431,5 +459,30 @@ impl Proto for V5 {
             content_type: props.and_then(|p| p.content_type.as_deref()),
             user_properties: props.map(|p| p.user_properties.as_slice()).unwrap_or(&[]),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn properties_longer_than_mqtt_strings_are_named() {
+        let mut p = Props::default();
+        assert_eq!(p.too_long(), None);
+        p.user_properties
+            .push(("ok".into(), "v".repeat(MAX_STRING)));
+        assert_eq!(p.too_long(), None);
+        p.user_properties
+            .push(("ce_x".into(), "v".repeat(MAX_STRING + 1)));
+        assert!(p
+            .too_long()
+            .unwrap()
+            .contains("user property \"ce_x\" is 65536 bytes"));
+        let p = Props {
+            content_type: Some("t".repeat(70_000)),
+            ..Props::default()
+        };
+        assert!(p.too_long().unwrap().contains("content type"));
     }
 }

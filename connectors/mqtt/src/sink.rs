@@ -316,6 +316,13 @@ impl<P: Proto> MqttSink<P> {
                 ));
                 continue;
             }
+            if topic.len() > crate::proto::MAX_STRING {
+                delivery.rejected(format!(
+                    "the topic is {} bytes; MQTT topics hold at most 65535",
+                    topic.len()
+                ));
+                continue;
+            }
             let Some(c) = &conn else {
                 delivery.failed("not connected to the broker (reconnecting)");
                 continue;
@@ -338,6 +345,10 @@ impl<P: Proto> MqttSink<P> {
                 }
                 Payload::Binary => binding::encode_binary(&event),
             };
+            if let Some(why) = props.too_long() {
+                delivery.rejected(why);
+                continue;
+            }
             // Queued before the request, so the client cannot report it first.
             lock(&c.tracker).queued.push_back(Waiting {
                 delivery,

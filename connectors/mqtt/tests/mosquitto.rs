@@ -282,6 +282,50 @@ async fn structured_events_and_the_argo_shape() {
     assert!(d["messageId"].is_number());
 }
 
+/// rumqttc writes a string's length in two bytes without checking it: a 65 554-byte topic went
+/// out with the length 18, and the broker published to the topic's first 18 bytes. An event's
+/// subject could so escape the topic template. Such an event is refused; the next one goes.
+#[tokio::test]
+async fn a_topic_longer_than_mqtt_strings_is_refused_not_cut_short_on_the_wire() {
+    for v in [4u8, 5] {
+        let topic = unique("long");
+        let mut sub = peer(1883).await;
+        sub.subscribe(&format!("{topic}/#")).await;
+        let rig = start_sink(
+            &format!("mqtt{v}-long"),
+            json!({"url": URL, "topic": format!("{topic}/{{subject}}/telemetry"), "qos": 1, "protocol_version": v}),
+        )
+        .await;
+        let sneaky = format!("victim/cmd{}", "A".repeat(65_526));
+        let e = Event::new("l-1", "/s", "t")
+            .with_subject(sneaky)
+            .with_json(&b"{}"[..]);
+        let out = rig.send(vec![e]).await;
+        assert_eq!(out.status, Status::Rejected, "v{v}: {:?}", out.reason);
+        assert!(
+            out.reason
+                .as_deref()
+                .unwrap_or("")
+                .contains("at most 65535"),
+            "{:?}",
+            out.reason
+        );
+        let ok = Event::new("l-2", "/s", "t")
+            .with_subject("dev1")
+            .with_json(&b"{}"[..]);
+        assert!(rig.send(vec![ok]).await.is_delivered(), "v{v}");
+        let m = tokio::time::timeout(Duration::from_secs(5), sub.rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            m.topic,
+            format!("{topic}/dev1/telemetry"),
+            "v{v}: only the second event"
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_sink_counts_delivered_on_puback_and_fails_without_one() {
     let topic = unique("out");
