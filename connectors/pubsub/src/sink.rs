@@ -118,6 +118,13 @@ impl Sink {
                     let mut bytes = 0;
                     for item in buf.drain(..) {
                         let m = self.message(&item);
+                        // Pub/Sub refuses a whole Publish for one message over its limits:
+                        // such a message is refused alone, before it can take a batch down.
+                        if let Some(why) = over_limits(&m) {
+                            item.delivery
+                                .rejected(format!("pubsub sink {}: {why}", self.name));
+                            continue;
+                        }
                         let size = m.data.len()
                             + m.attributes
                                 .iter()
@@ -205,5 +212,66 @@ impl Sink {
                 item.delivery.failed(reason.clone());
             }
         })
+    }
+}
+
+/// Why Pub/Sub would refuse `m` on its own (its documented per-message limits: an ordering
+/// key of at most 1 024 bytes, at most 100 attributes, attribute names of at most 256 bytes and
+/// values of at most 1 024 bytes, data of at most 10 MB), if it would.
+fn over_limits(m: &PubsubMessage) -> Option<String> {
+    if m.ordering_key.len() > 1024 {
+        return Some(format!(
+            "the ordering key is {} bytes; Pub/Sub allows 1024",
+            m.ordering_key.len()
+        ));
+    }
+    if m.attributes.len() > 100 {
+        return Some(format!(
+            "{} attributes; Pub/Sub allows 100",
+            m.attributes.len()
+        ));
+    }
+    if let Some((k, v)) = m
+        .attributes
+        .iter()
+        .find(|(k, v)| k.len() > 256 || v.len() > 1024)
+    {
+        return Some(format!(
+            "attribute {:?} ({} bytes, value {} bytes) is over Pub/Sub's 256-byte name or 1024-byte value",
+            k.chars().take(40).collect::<String>(),
+            k.len(),
+            v.len()
+        ));
+    }
+    if m.data.len() > 10_000_000 {
+        return Some(format!(
+            "the data is {} bytes; Pub/Sub allows 10 MB",
+            m.data.len()
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_over_pubsubs_limits_is_named_before_it_can_take_a_batch_down() {
+        let ok = PubsubMessage {
+            ordering_key: "k".repeat(1024),
+            ..PubsubMessage::default()
+        };
+        assert_eq!(over_limits(&ok), None);
+        let long_key = PubsubMessage {
+            ordering_key: "k".repeat(1025),
+            ..PubsubMessage::default()
+        };
+        assert!(over_limits(&long_key)
+            .unwrap()
+            .contains("ordering key is 1025 bytes"));
+        let mut attrs = PubsubMessage::default();
+        attrs.attributes.insert("ce-x".into(), "v".repeat(1025));
+        assert!(over_limits(&attrs).unwrap().contains("1025 bytes"));
     }
 }
