@@ -537,6 +537,15 @@ impl NatsSink {
                                     settle(delivery, r)
                                 }));
                             }
+                            // Too large for the server: no retry makes it fit.
+                            Err(e)
+                                if e.kind()
+                                    == jetstream::context::PublishErrorKind::MaxPayloadExceeded =>
+                            {
+                                delivery.rejected(format!(
+                                    "publish refused: {e} (the server's max_payload)"
+                                ))
+                            }
                             Err(e) => delivery.failed(format!("publish failed: {e}")),
                         }
                     }
@@ -571,6 +580,16 @@ impl NatsSink {
                 let (headers, payload) = self.encode(&event);
                 match client.publish_with_headers(subject, headers, payload).await {
                     Ok(()) => sent.push(delivery),
+                    // Too large or a subject the client refuses: no retry helps.
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            async_nats::client::PublishErrorKind::MaxPayloadExceeded
+                                | async_nats::client::PublishErrorKind::InvalidSubject
+                        ) =>
+                    {
+                        delivery.rejected(format!("publish refused: {e}"))
+                    }
                     Err(e) => delivery.failed(format!("publish failed: {e}")),
                 }
             }

@@ -146,6 +146,39 @@ async fn structured_mode_and_core_publish() {
     );
 }
 
+/// An event larger than the server's max_payload (1 MiB by default) can never be published:
+/// it is rejected, not failed and retried for ever; the next one goes.
+#[tokio::test]
+async fn an_event_over_the_servers_max_payload_is_rejected_not_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let big = Event::new("big", "/s", "t").with_json(Bytes::from(format!(
+        "{{\"pad\":\"{}\"}}",
+        "x".repeat(1_100_000)
+    )));
+    let js = sink(
+        "js-big",
+        json!({"url": server.url(), "subject": "b.{id}",
+        "jetstream": {"stream": "B", "create": {"subjects": ["b.>"]}}}),
+    )
+    .await;
+    let core = sink(
+        "core-big",
+        json!({"url": server.url(), "subject": "c.{id}"}),
+    )
+    .await;
+    for rig in [&js, &core] {
+        let out = rig.send(vec![big.clone()]).await;
+        assert_eq!(out.status, Status::Rejected, "{:?}", out.reason);
+        assert!(
+            out.reason.as_deref().unwrap_or("").contains("max payload"),
+            "{:?}",
+            out.reason
+        );
+        assert!(rig.send(vec![event("small")]).await.is_delivered());
+    }
+}
+
 #[tokio::test]
 async fn argo_eventbus_format() {
     let dir = tempfile::tempdir().unwrap();
