@@ -328,7 +328,14 @@ impl Runner {
 
         let now = self.clock.now();
         let mut cursor = now;
-        if let Some(last) = self.load_last() {
+        if let Some(saved) = self.load_last() {
+            // A saved slot later than now (the clock went back, or the state file came from
+            // another host) would hold every slot back until then: resume from now. A slot
+            // emitted again keeps its id, so dedup drops the repeat.
+            if saved > now {
+                tracing::warn!(source = %self.name, saved = %slot_text(saved), now = %slot_text(now), "schedule: the saved last slot is later than now; resuming from now");
+            }
+            let last = saved.min(now);
             if self.catchup.enabled {
                 let floor = now
                     - chrono::Duration::from_std(self.catchup.max_duration.get())

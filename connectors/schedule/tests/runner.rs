@@ -141,6 +141,37 @@ async fn catchup_replays_missed_slots_in_order() {
     run.rig.shutdown.cancel();
 }
 
+/// A saved slot later than now (the clock went back) held every slot back until then.
+#[tokio::test(start_paused = true)]
+async fn a_saved_slot_in_the_future_does_not_silence_the_schedule() {
+    for catchup in [true, false] {
+        let cfg = config(
+            json!({"interval": "1m", "catchup": {"enabled": catchup, "max_duration": "1h"}}),
+        );
+        let name = format!("ahead-{catchup}");
+        let rig = SourceRig::new(&name);
+        rig.state
+            .write(
+                STATE_TABLE,
+                &[(name.as_bytes(), b"2026-01-01T05:00:00Z")],
+                &[],
+            )
+            .unwrap();
+        let (run, cap) = start(&name, &cfg, "2026-01-01T00:00:30Z", Some(rig));
+        let got = cap.auto(Status::Delivered);
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert_eq!(
+            ids(&got),
+            [
+                format!("{name}:2026-01-01T00:01:00Z"),
+                format!("{name}:2026-01-01T00:02:00Z")
+            ],
+            "catchup {catchup}: the slots from now on"
+        );
+        run.rig.shutdown.cancel();
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn catchup_is_bounded_by_max_duration() {
     let cfg =
