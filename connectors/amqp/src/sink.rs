@@ -80,10 +80,10 @@ fn ten_seconds() -> HumanDuration {
 impl SinkConfig for AmqpSinkConfig {
     fn validate(&self, _name: &str) -> Result<(), String> {
         check_url(&self.url, self.tls.as_ref())?;
-        Template::parse("routing_key", &self.routing_key)?;
+        let key = Template::parse("routing_key", &self.routing_key)?;
         binding::short("exchange", &self.exchange)?;
-        if !self.routing_key.contains('{') {
-            binding::short("routing_key", &self.routing_key)?;
+        if key.is_fixed() {
+            binding::short("routing_key", &key.literal())?;
         }
         if self.declare.is_some() && self.exchange.is_empty() {
             return Err(

@@ -15,8 +15,8 @@ use sluice_core::{format, kafka_binding};
 
 /// Pub/Sub's limits on attributes: 100 per message, names up to 256 bytes, values up to 1024.
 pub const MAX_ATTRIBUTES: usize = 100;
-const MAX_ATTRIBUTE_NAME: usize = 256;
-const MAX_ATTRIBUTE_VALUE: usize = 1024;
+pub(crate) const MAX_ATTRIBUTE_NAME: usize = 256;
+pub(crate) const MAX_ATTRIBUTE_VALUE: usize = 1024;
 
 /// What a message carries.
 pub enum Decoded {

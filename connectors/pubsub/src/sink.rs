@@ -225,16 +225,19 @@ fn over_limits(m: &PubsubMessage) -> Option<String> {
             m.ordering_key.len()
         ));
     }
-    if m.attributes.len() > 100 {
+    // The binding keeps attributes within these (an event that does not fit goes structured);
+    // checked again here with its limits, as the batch is at stake.
+    use crate::binding::{MAX_ATTRIBUTES, MAX_ATTRIBUTE_NAME, MAX_ATTRIBUTE_VALUE};
+    if m.attributes.len() > MAX_ATTRIBUTES {
         return Some(format!(
-            "{} attributes; Pub/Sub allows 100",
+            "{} attributes; Pub/Sub allows {MAX_ATTRIBUTES}",
             m.attributes.len()
         ));
     }
     if let Some((k, v)) = m
         .attributes
         .iter()
-        .find(|(k, v)| k.len() > 256 || v.len() > 1024)
+        .find(|(k, v)| k.len() > MAX_ATTRIBUTE_NAME || v.len() > MAX_ATTRIBUTE_VALUE)
     {
         return Some(format!(
             "attribute {:?} ({} bytes, value {} bytes) is over Pub/Sub's 256-byte name or 1024-byte value",
