@@ -207,9 +207,24 @@ impl SourceSender {
             Some(at) => Pending::watched(unit.clone(), &self.deadlines, at),
             None => Pending::new(unit.clone()),
         };
+        // A batch's dedup keys first, each set's load started, so that the checks below
+        // overlap their cache misses instead of waiting for one after the other.
+        let keys = match dedup {
+            Some((d, seed)) if n > 1 => events
+                .iter()
+                .map(|e| {
+                    let key = d.key(seed, &e.source, &e.id);
+                    d.prefetch(key);
+                    key
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let r = Routing {
             guard: RoutingGuard::new(unit),
             dedup,
+            keys,
+            now_ms: None,
             target,
             targets: Vec::new(),
         };
@@ -253,8 +268,12 @@ impl SourceSender {
             return false;
         }
         if let Some((dedup, seed)) = r.dedup {
-            let key = dedup.key(seed, &event.source, &event.id);
-            let now = dedup::now_ms();
+            let key = match r.keys.get(idx) {
+                Some(&k) => k,
+                None => dedup.key(seed, &event.source, &event.id),
+            };
+            // One clock reading for the events routed together.
+            let now = *r.now_ms.get_or_insert_with(dedup::now_ms);
             match dedup.check_at(key, now) {
                 Check::New => unit.set_key(idx, key, now),
                 Check::Delivered => {
@@ -305,6 +324,11 @@ pub struct Target {
 struct Routing<'a> {
     guard: RoutingGuard,
     dedup: Option<(&'a Arc<Dedup>, u64)>,
+    /// The events' dedup keys, by index, when computed ahead (a batch); else empty.
+    keys: Vec<u128>,
+    /// The dedup clock of the events routed without waiting in between (read once; cleared
+    /// when the unit waits for queue room).
+    now_ms: Option<u64>,
     /// An addressed queue ([`SourceSender::send_to`]): every event goes there, past the routes.
     target: Option<usize>,
     /// The queues of the current event when routes filter.
@@ -412,6 +436,8 @@ impl<'a> Blocked<'a> {
             push_all(p, &r.guard, idx, &queues[1..], original).await;
             r.guard.end_event();
             for (idx, event) in events {
+                // It may have waited: the next check reads the clock again.
+                r.now_ms = None;
                 if !s.route(&mut r, idx, &event) {
                     continue;
                 }
