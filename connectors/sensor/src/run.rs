@@ -422,14 +422,15 @@ impl Sensor {
         ti: usize,
         have: &[(usize, Event)],
     ) -> Result<Vec<Event>, String> {
-        self.outputs(&self.triggers[ti], have)
+        let have: Vec<_> = have.iter().map(|(d, e)| (*d, Arc::new(e.clone()))).collect();
+        self.outputs(&self.triggers[ti], &have)
     }
 
     /// The events the trigger sends for the events `have` (one per satisfied dependency).
-    fn outputs(&self, tr: &Trigger, have: &[(usize, Event)]) -> Result<Vec<Event>, String> {
-        let by_dep = |d: usize| have.iter().find(|(x, _)| *x == d).map(|(_, e)| e);
+    fn outputs(&self, tr: &Trigger, have: &[(usize, Arc<Event>)]) -> Result<Vec<Event>, String> {
+        let by_dep = |d: usize| have.iter().find(|(x, _)| *x == d).map(|(_, e)| &**e);
         let mut outs = if tr.payload.is_empty() {
-            have.iter().map(|(_, e)| e.clone()).collect()
+            have.iter().map(|(_, e)| Event::clone(e)).collect()
         } else {
             let mut doc = serde_json::Value::Null;
             for p in &tr.payload {
@@ -524,7 +525,7 @@ pub(crate) fn data_text(e: &Event) -> Result<Option<Doc<'_>>, String> {
 /// A kept dependency event.
 #[derive(Clone)]
 struct Stored {
-    event: Event,
+    event: Arc<Event>,
     at_ms: u64,
 }
 
@@ -670,7 +671,15 @@ impl State {
                         tr.ttl
                             .map_or(0, |ttl| now.saturating_sub(ttl.as_millis() as u64)),
                     );
-                    (at_ms >= floor).then_some((ti, key.to_owned(), pos, Stored { event, at_ms }))
+                    (at_ms >= floor).then_some((
+                        ti,
+                        key.to_owned(),
+                        pos,
+                        Stored {
+                            event: Arc::new(event),
+                            at_ms,
+                        },
+                    ))
                 })
                 .flatten();
             match found {
@@ -830,7 +839,9 @@ fn next_tick(tr: &Trigger, after: chrono::DateTime<Utc>) -> Option<chrono::DateT
 /// A trigger whose condition holds: its events, and (at-least-once) what it took.
 struct Firing {
     trigger: usize,
-    events: Vec<(usize, Event)>,
+    /// Shared with the state's saved copies and the other firings of the same input: the
+    /// output is made from them, so holding them costs no copy of the event.
+    events: Vec<(usize, Arc<Event>)>,
     taken: Option<(String, Slot)>,
 }
 
@@ -840,8 +851,8 @@ impl Sensor {
     fn apply(
         &self,
         state: &mut State,
-        e: &Event,
-        matched: &[(usize, Option<Event>)],
+        e: &Arc<Event>,
+        matched: &[(usize, Option<Arc<Event>>)],
     ) -> Result<Vec<Firing>, String> {
         let mut firings = Vec::new();
         let event_of = |d: usize| {
@@ -974,6 +985,14 @@ impl Sensor {
         state.write(&w)?;
         Ok(firings)
     }
+}
+
+/// The matched dependencies with their transformed events shared.
+fn shared(matched: Vec<(usize, Option<Event>)>) -> Vec<(usize, Option<Arc<Event>>)> {
+    matched
+        .into_iter()
+        .map(|(d, t)| (d, t.map(Arc::new)))
+        .collect()
 }
 
 /// A leaky bucket: one run per `interval`, waiting (bounded by the window) when ahead.
@@ -1154,6 +1173,9 @@ impl Run {
         if matched.is_empty() {
             return delivery.delivered();
         }
+        // Shared from here: the firings and the saved partial matches hold it, not copies.
+        let event = Arc::new(event);
+        let matched = shared(matched);
         let firings = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             self.sensor.apply(&mut st, &event, &matched)
@@ -1394,6 +1416,8 @@ impl Bench {
         if matched.is_empty() {
             return (0, 0);
         }
+        let matched = shared(matched);
+        let e = &Arc::new(e.clone());
         let firings = self
             .sensor
             .apply(&mut self.state, e, &matched)
