@@ -422,7 +422,10 @@ impl Sensor {
         ti: usize,
         have: &[(usize, Event)],
     ) -> Result<Vec<Event>, String> {
-        let have: Vec<_> = have.iter().map(|(d, e)| (*d, Arc::new(e.clone()))).collect();
+        let have: Vec<_> = have
+            .iter()
+            .map(|(d, e)| (*d, Arc::new(e.clone())))
+            .collect();
         self.outputs(&self.triggers[ti], &have)
     }
 
