@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use sluice_core::Event;
 
+use crate::json::Doc;
 use crate::tmpl::Tmpl;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -134,10 +135,27 @@ impl Param {
         })
     }
 
+    /// [`Param::resolve_with`], the data checked here.
+    #[cfg(test)]
+    pub fn resolve(&self, event: Option<&Event>) -> Result<Resolved, String> {
+        self.resolve_with(event, None)
+    }
+
+    /// Whether resolving reads the event's data with a gjson key (the data is then checked as
+    /// JSON first).
+    pub fn reads_data_key(&self) -> bool {
+        self.data_key.is_some()
+    }
+
     /// Resolves against the dependency's event (`None`: the dependency has no event). Argo's
     /// precedence: a template, else a key, else `value`; neither key nor template: the whole
-    /// event (`{context, data}`).
-    pub fn resolve(&self, event: Option<&Event>) -> Result<Resolved, String> {
+    /// event (`{context, data}`). `checked`: the event's data already checked as JSON
+    /// (`crate::run::data_text`) when the caller has it; `None`: checked here if needed.
+    pub fn resolve_with(
+        &self,
+        event: Option<&Event>,
+        checked: Option<&Result<Option<Doc<'_>>, String>>,
+    ) -> Result<Resolved, String> {
         let Some(e) = event else {
             return Ok(match &self.value {
                 Some(v) => Resolved::Value(Value::String(v.clone())),
@@ -189,18 +207,25 @@ impl Param {
             }
         }
         if let Some(key) = key {
-            // The data as it came (raw values keep their text); the context as JSON.
-            let own;
-            let text = match e.data.as_bytes().map(|b| std::str::from_utf8(b)) {
-                Some(Ok(t)) if data_side && crate::run::data_text(e).is_ok_and(|d| d.is_some()) => {
-                    t
-                }
-                _ => {
-                    own = input().to_string();
-                    &own
+            // The data as it came (raw values keep their text), looked up from the member the
+            // key starts with; else the data or the context as JSON.
+            let own_check;
+            let doc = match (data_side, checked) {
+                (false, _) => None,
+                (true, Some(c)) => c.as_ref().ok().and_then(Option::as_ref),
+                (true, None) => {
+                    own_check = crate::run::data_text(e);
+                    own_check.as_ref().ok().and_then(Option::as_ref)
                 }
             };
-            let r = gjson::get(text, key);
+            let own;
+            let r = match doc {
+                Some(d) => d.get(key),
+                None => {
+                    own = input().to_string();
+                    gjson::get(&own, key)
+                }
+            };
             if r.exists() {
                 return Ok(Resolved::Value(self.gjson_value(&r)));
             }

@@ -432,12 +432,23 @@ impl Sensor {
     /// The events the trigger sends for the events `have` (one per satisfied dependency).
     fn outputs(&self, tr: &Trigger, have: &[(usize, Arc<Event>)]) -> Result<Vec<Event>, String> {
         let by_dep = |d: usize| have.iter().find(|(x, _)| *x == d).map(|(_, e)| &**e);
+        // Each event's data checked as JSON once for all the parameters that read it, not once
+        // per parameter.
+        let mut checked = Checked::default();
+        let mut resolve = |p: &Param| {
+            let e = by_dep(p.dep);
+            let text = match e {
+                Some(e) if p.reads_data_key() => Some(checked.of(p.dep, e)),
+                _ => None,
+            };
+            p.resolve_with(e, text)
+        };
         let mut outs = if tr.payload.is_empty() {
             have.iter().map(|(_, e)| Event::clone(e)).collect()
         } else {
             let mut doc = serde_json::Value::Null;
             for p in &tr.payload {
-                match p.resolve(by_dep(p.dep))? {
+                match resolve(p)? {
                     Resolved::Skip => {}
                     // Argo: the first parameter with an empty dest is the whole payload.
                     Resolved::Value(v) if p.is_whole() => {
@@ -477,7 +488,7 @@ impl Sensor {
             for out in &mut outs {
                 let mut doc = context_json(out);
                 for p in &tr.parameters {
-                    match p.resolve(by_dep(p.dep))? {
+                    match resolve(p)? {
                         Resolved::Skip => {}
                         Resolved::Value(v) => p.apply(&mut doc, v)?,
                     }
@@ -505,6 +516,26 @@ impl Sensor {
             }
         }
         Ok(outs)
+    }
+}
+
+/// The dependencies' data checked as JSON while one trigger's output is built.
+#[derive(Default)]
+struct Checked<'a> {
+    docs: Vec<(usize, Result<Option<Doc<'a>>, String>)>,
+}
+
+impl<'a> Checked<'a> {
+    /// Dependency `dep`'s event `e`, checked on first use.
+    fn of(&mut self, dep: usize, e: &'a Event) -> &Result<Option<Doc<'a>>, String> {
+        let i = match self.docs.iter().position(|(d, _)| *d == dep) {
+            Some(i) => i,
+            None => {
+                self.docs.push((dep, data_text(e)));
+                self.docs.len() - 1
+            }
+        };
+        &self.docs[i].1
     }
 }
 

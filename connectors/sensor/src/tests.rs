@@ -697,6 +697,43 @@ fn argo_resolve_param_value() {
 }
 
 // params_test.go :: TestConstructPayload and TestApplyParams (compared as parsed JSON: Sluice
+#[test]
+fn data_key_parameters_read_unchecked_data_as_gjson_does_and_fall_back_on_non_json() {
+    let cfg: SensorConfig = serde_json::from_value(json!({
+        "dependencies": [{"name": "d", "source": "a"}],
+        "triggers": [{"name": "t", "sink": "out", "payload": [
+            {"src": {"dependencyName": "d", "dataKey": "items.1.sku", "value": "none"}, "dest": "sku"},
+            {"src": {"dependencyName": "d", "dataKey": "n", "useRawData": true, "value": "none"}, "dest": "n"},
+            {"src": {"dependencyName": "d", "dataKey": "data.id", "value": "none"}, "dest": "nested"},
+            {"src": {"dependencyName": "d", "dataKey": "missing", "value": "none"}, "dest": "missing"}
+        ]}]
+    }))
+    .unwrap();
+    let s = crate::run::Sensor::compile(&cfg, "s").unwrap();
+    let with = |text: &str| {
+        // Data as a webhook hands it on: bytes not yet checked as JSON.
+        let mut e = Event::new("1", "/a", "t");
+        e.datacontenttype = Some("application/json".into());
+        e.data = sluice_core::Data::Binary(bytes::Bytes::from(text.to_owned()));
+        let out = s.outputs_for_test(0, &[(0, e)]).unwrap();
+        serde_json::from_slice::<serde_json::Value>(out[0].data.as_bytes().unwrap()).unwrap()
+    };
+    let doc =
+        r#"{"pad":"xxxxxxxx","items":[{"sku":"A"},{"sku":"B"}],"n":2,"data":{"data":{"id":5}}}"#;
+    for (dest, path) in [("sku", "items.1.sku"), ("nested", "data.id")] {
+        assert_eq!(with(doc)[dest], gjson::get(doc, path).str(), "{path}");
+    }
+    assert_eq!(
+        with(doc),
+        json!({"sku": "B", "n": 2, "nested": "5", "missing": "none"})
+    );
+    // Not JSON: every data key falls back to its value.
+    assert_eq!(
+        with(r#"{"items":[{"sku":"A"},{"sku":"B"}],"n":2"#),
+        json!({"sku": "none", "n": "none", "nested": "none", "missing": "none"})
+    );
+}
+
 // writes a new document, not sjson's in-place edit)
 #[test]
 fn argo_construct_payload_and_apply_params() {
