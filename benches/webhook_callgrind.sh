@@ -7,6 +7,7 @@
 #   SLUICE_BIN=target/release/sluice BARE_BIN=path/to/bare_hyper benches/webhook_callgrind.sh
 #   CACHE=1 ...   # also callgrind's cache and branch model: L1 instruction misses, L1 data read
 #                 # and write misses, mispredicted conditional and indirect branches per request
+#   KEEP=/tmp/cg ...   # keeps the profiles as /tmp/cg.bare and /tmp/cg.sluice (callgrind_annotate)
 #
 # Without SLUICE_BIN / BARE_BIN both are built (release). Needs valgrind and wrk.
 set -euo pipefail
@@ -45,6 +46,7 @@ count() {
   local out; out=$(wrk -t1 -c32 -d"$DURATION" -s "$work/post.lua" "http://127.0.0.1:$PORT/" 2>&1)
   callgrind_control -i off "$pid" >/dev/null 2>&1
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  if [ -n "${KEEP:-}" ]; then cp "$work/cg.$slug" "$KEEP.$slug"; fi
   local reqs ir non
   reqs=$(awk '/requests in/ {print $1}' <<<"$out")
   non=$(awk '/Non-2xx/ {print $5}' <<<"$out")

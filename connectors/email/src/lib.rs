@@ -53,6 +53,12 @@ pub struct EmailSinkConfig {
     /// Recipients. The data member `to` (a string or a list) overrides them.
     #[serde(default)]
     pub to: Vec<String>,
+    /// Where mail may go, whoever names the recipients: addresses (`ops@example.com`) and
+    /// whole domains (`@example.com`), compared without regard to case. A message with a
+    /// recipient outside the list is rejected, so event data (a webhook body with a `to`
+    /// member) cannot send mail elsewhere. Empty (the default): any recipient.
+    #[serde(default)]
+    pub allowed_recipients: Vec<String>,
     /// A template over the event's attributes. The data member `subject` wins. Default
     /// `{type} from {source}`.
     #[serde(default)]
@@ -89,9 +95,64 @@ struct Mailer {
 struct Checked {
     from: Mailbox,
     to: Vec<Mailbox>,
+    allowed: Allowed,
     subject: Template,
     body: Option<Template>,
     sink: String,
+}
+
+/// `allowed_recipients`, lowercased: whole addresses and domains (without the `@`).
+#[derive(Debug, Default)]
+struct Allowed {
+    addresses: Vec<String>,
+    domains: Vec<String>,
+}
+
+impl Allowed {
+    fn parse(list: &[String]) -> Result<Allowed, String> {
+        let mut a = Allowed::default();
+        for (i, entry) in list.iter().enumerate() {
+            let e = entry.trim();
+            match e.strip_prefix('@') {
+                Some(domain) if !domain.is_empty() && !domain.contains(['@', ' ', '<', '>']) => {
+                    a.domains.push(domain.to_ascii_lowercase())
+                }
+                Some(_) => {
+                    return Err(format!(
+                        "allowed_recipients.{i}: `{entry}` is not a domain (`@example.com`)"
+                    ))
+                }
+                None => {
+                    let addr = e.parse::<lettre::Address>().map_err(|err| {
+                        format!("allowed_recipients.{i}: `{entry}` is not an address or `@domain` ({err})")
+                    })?;
+                    a.addresses.push(addr.to_string().to_ascii_lowercase())
+                }
+            }
+        }
+        Ok(a)
+    }
+
+    /// Whether mail may go to `m` (always, without a list).
+    fn admits(&self, m: &Mailbox) -> bool {
+        if self.addresses.is_empty() && self.domains.is_empty() {
+            return true;
+        }
+        let domain = m.email.domain().to_ascii_lowercase();
+        self.domains.contains(&domain)
+            || self
+                .addresses
+                .iter()
+                .any(|a| a.eq_ignore_ascii_case(m.email.as_ref()))
+    }
+
+    /// `Err` naming the first recipient the list does not admit.
+    fn check(&self, what: &str, to: &[Mailbox]) -> Result<(), String> {
+        match to.iter().find(|m| !self.admits(m)) {
+            Some(m) => Err(format!("{what}: {} is not in allowed_recipients", m.email)),
+            None => Ok(()),
+        }
+    }
 }
 
 fn mailbox(what: &str, s: &str) -> Result<Mailbox, String> {
@@ -154,6 +215,8 @@ impl EmailSinkConfig {
             .iter()
             .map(|t| mailbox("to", t))
             .collect::<Result<Vec<_>, _>>()?;
+        let allowed = Allowed::parse(&self.allowed_recipients)?;
+        allowed.check("to", &to)?;
         let creds = match (&self.username, &self.password) {
             (Some(_), Some(_)) => true,
             (None, None) => false,
@@ -176,6 +239,7 @@ impl EmailSinkConfig {
         Ok(Checked {
             from,
             to,
+            allowed,
             subject: t(
                 "subject",
                 self.subject.as_deref().unwrap_or("{type} from {source}"),
@@ -247,6 +311,7 @@ fn message(m: &Checked, e: &Event) -> Result<Message, String> {
     if to.is_empty() {
         return Err("no recipients: set `to`, or give the event a `to` data member".into());
     }
+    m.allowed.check("data.to", &to)?;
     let subject = member("subject")
         .map(text)
         .unwrap_or_else(|| fill(&m.subject));

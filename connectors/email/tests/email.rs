@@ -143,6 +143,45 @@ async fn refusals_reject_temporary_errors_and_outages_fail() {
     assert!(mails(&s.dir).is_empty());
 }
 
+#[tokio::test]
+async fn allowed_recipients_bound_where_event_data_sends_mail() {
+    let s = smtp();
+    let rig = start_sink::<EmailSinkConfig>(
+        "mail-allowed",
+        json!({"host": "127.0.0.1", "port": s.port, "security": "none", "from": "sluice@example.com",
+               "to": ["ops@example.com"], "allowed_recipients": ["@Example.com", "oncall@partner.org"]}),
+    )
+    .await;
+    let n = std::cell::Cell::new(0);
+    let send = |to: serde_json::Value| {
+        n.set(n.get() + 1);
+        let e = Event::new(format!("e-{}", n.get()), "/s", "t")
+            .with_json(json!({"to": to, "body": "x"}).to_string());
+        rig.send(vec![e])
+    };
+    // Inside the list: a domain (any case) and a whole address.
+    let o = send(json!(["dev@EXAMPLE.com", "OnCall@partner.org"])).await;
+    assert_eq!(o.status, Status::Delivered, "{o:?}");
+    // One recipient outside it: nothing is sent, and the reason names the address.
+    let o = send(json!(["dev@example.com", "someone@partner.org"])).await;
+    assert_eq!(o.status, Status::Rejected, "{o:?}");
+    let reason = o.reason.unwrap();
+    assert!(
+        reason.contains("someone@partner.org") && reason.contains("allowed_recipients"),
+        "{reason}"
+    );
+    // A subdomain is not the domain.
+    let o = send(json!("x@mail.example.com.evil.net")).await;
+    assert_eq!(o.status, Status::Rejected, "{o:?}");
+    let got = mails(&s.dir);
+    assert_eq!(got.len(), 1, "only the admitted message went out");
+    assert!(
+        got[0].contains("X-Envelope-To: dev@EXAMPLE.com,OnCall@partner.org"),
+        "{}",
+        got[0]
+    );
+}
+
 #[test]
 fn bad_configs_are_refused() {
     let bad = |v: serde_json::Value| {
@@ -162,6 +201,20 @@ fn bad_configs_are_refused() {
     assert!(
         bad(json!({"host": "h", "from": "a@b.c", "security": "none", "ca_file": "/x.pem"}))
             .contains("ca_file")
+    );
+    // The configured recipients must be in the list, and every entry must be an address or a
+    // domain.
+    assert!(bad(
+        json!({"host": "h", "from": "a@b.c", "to": ["x@other.org"], "allowed_recipients": ["@b.c"]})
+    )
+    .contains("x@other.org is not in allowed_recipients"));
+    assert!(
+        bad(json!({"host": "h", "from": "a@b.c", "allowed_recipients": ["@"]}))
+            .contains("allowed_recipients.0")
+    );
+    assert!(
+        bad(json!({"host": "h", "from": "a@b.c", "allowed_recipients": ["@b.c", "nobody"]}))
+            .contains("allowed_recipients.1")
     );
 }
 

@@ -36,6 +36,12 @@ pub struct SlackSinkConfig {
     /// data member `channel` overrides it. One of the two must give a channel.
     #[serde(default)]
     pub channel: Option<String>,
+    /// The channels messages may go to, whoever names them (exactly as Slack is given them:
+    /// `#releases`, `C0123ABCD`). A message for a channel outside the list is rejected, so event
+    /// data (a webhook body with a `channel` member) cannot post elsewhere. Empty (the
+    /// default): any channel.
+    #[serde(default)]
+    pub allowed_channels: Vec<String>,
     /// Message text, a template over the event's attributes (`Release {subject}`). The data
     /// member `text` overrides it; without either, the event's data as text.
     #[serde(default)]
@@ -107,6 +113,7 @@ struct Slack {
     uri: Uri,
     auth: HeaderValue,
     channel: Option<Template>,
+    allowed_channels: Vec<String>,
     message: Option<Template>,
     blocks: Option<Value>,
     attachments: Option<Value>,
@@ -159,10 +166,28 @@ impl SlackSinkConfig {
         }
         self.retry.validate()?;
         self.tls.validate()?;
+        if let Some(i) = self
+            .allowed_channels
+            .iter()
+            .position(|c| c.trim().is_empty())
+        {
+            return Err(format!("allowed_channels.{i}: give a channel name or id"));
+        }
+        let channel = t("channel", &self.channel)?;
+        if let Some(c) = channel
+            .as_ref()
+            .filter(|c| c.is_fixed())
+            .map(Template::literal)
+        {
+            if !self.allowed_channels.is_empty() && !self.allowed_channels.contains(&c) {
+                return Err(format!("channel: {c} is not in allowed_channels"));
+            }
+        }
         Ok(Slack {
             uri,
             auth,
-            channel: t("channel", &self.channel)?,
+            channel,
+            allowed_channels: self.allowed_channels.clone(),
             message: t("message", &self.message)?,
             blocks: json("blocks", &self.blocks)?,
             attachments: json("attachments", &self.attachments)?,
@@ -227,6 +252,9 @@ fn body(s: &Slack, e: &Event) -> Result<Map<String, Value>, String> {
         .or_else(|| s.channel.as_ref().map(fill))
         .filter(|c| !c.is_empty())
         .ok_or("no channel: set `channel`, or give the event a `channel` data member")?;
+    if !s.allowed_channels.is_empty() && !s.allowed_channels.contains(&channel) {
+        return Err(format!("channel {channel:?} is not in allowed_channels"));
+    }
     let text = member("text")
         .map(|v| match v {
             Value::String(s) => s,

@@ -178,6 +178,34 @@ async fn slack_refusals_are_rejections_and_nothing_is_delivered_without_ok() {
     assert_eq!(o.status, Status::Failed);
 }
 
+#[tokio::test]
+async fn allowed_channels_bound_where_event_data_posts() {
+    let (url, seen) = fake_slack().await;
+    let rig = start_sink::<SlackSinkConfig>(
+        "chat-allowed",
+        json!({"token": "xoxb-test", "api_url": url, "channel": "#releases",
+               "allowed_channels": ["#releases", "C0123ABCD"]}),
+    )
+    .await;
+    let send = |id: &str, data: Value| {
+        rig.send(vec![Event::new(id, "/s", "t").with_json(data.to_string())])
+    };
+    let o = send("1", json!({"text": "to the default channel"})).await;
+    assert_eq!(o.status, Status::Delivered, "{o:?}");
+    let o = send("2", json!({"channel": "C0123ABCD", "text": "by id"})).await;
+    assert_eq!(o.status, Status::Delivered, "{o:?}");
+    // A channel the data picks outside the list: refused before any call to Slack.
+    let o = send("3", json!({"channel": "#general", "text": "spam"})).await;
+    assert_eq!(o.status, Status::Rejected, "{o:?}");
+    assert!(o.reason.unwrap().contains("allowed_channels"));
+    let seen = seen.lock().unwrap().clone();
+    let channels: Vec<&str> = seen
+        .iter()
+        .filter_map(|(_, b)| b["channel"].as_str())
+        .collect();
+    assert_eq!(channels, ["#releases", "C0123ABCD"]);
+}
+
 #[test]
 fn bad_configs_are_refused() {
     let bad = |v: Value| {
@@ -190,4 +218,9 @@ fn bad_configs_are_refused() {
     assert!(bad(json!({"token": "x", "api_url": "slack.com"})).contains("api_url"));
     assert!(bad(json!({"token": "x", "blocks": "{}"})).contains("blocks: must be a JSON array"));
     assert!(bad(json!({"token": "x", "channel": "{unclosed"})).contains("unclosed"));
+    assert!(
+        bad(json!({"token": "x", "channel": "#ops", "allowed_channels": ["#releases"]}))
+            .contains("#ops is not in allowed_channels")
+    );
+    assert!(bad(json!({"token": "x", "allowed_channels": [" "]})).contains("allowed_channels.0"));
 }
