@@ -6,6 +6,8 @@
 //! the Pub/Sub binding is `ce-<name>` attributes, matched in any case
 //! ([`decode_prefixed`], [`encode_binary_headers_prefixed`]).
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 
 use crate::event::{check_media_type, Data, Event, EventError, ExtValue, Timestamp, SPEC_VERSION};
@@ -105,26 +107,92 @@ pub fn encode_binary_headers(event: &Event) -> Vec<(String, Vec<u8>)> {
 
 /// [`encode_binary_headers`] with attributes named `<prefix><attribute>`.
 pub fn encode_binary_headers_prefixed(prefix: &str, event: &Event) -> Vec<(String, Vec<u8>)> {
-    let named = |a: &str| format!("{prefix}{a}");
-    let mut h = vec![
-        (named("specversion"), SPEC_VERSION.as_bytes().to_vec()),
-        (named("id"), event.id.as_bytes().to_vec()),
-        (named("source"), event.source.as_bytes().to_vec()),
-        (named("type"), event.ty.as_bytes().to_vec()),
-    ];
+    binary_headers(prefix, event)
+        .into_iter()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+/// The CloudEvents attributes besides `datacontenttype`, in the order binary mode writes them.
+const ATTRS: [&str; 7] = [
+    "specversion",
+    "id",
+    "source",
+    "type",
+    "dataschema",
+    "subject",
+    "time",
+];
+const UNDERSCORED: [&str; 7] = [
+    "ce_specversion",
+    "ce_id",
+    "ce_source",
+    "ce_type",
+    "ce_dataschema",
+    "ce_subject",
+    "ce_time",
+];
+const DASHED: [&str; 7] = [
+    "ce-specversion",
+    "ce-id",
+    "ce-source",
+    "ce-type",
+    "ce-dataschema",
+    "ce-subject",
+    "ce-time",
+];
+
+/// The name of `ATTRS[i]` under `prefix`: static for the bindings' own prefixes.
+fn attr_name(prefix: &str, i: usize) -> Cow<'static, str> {
+    match prefix {
+        "ce_" => Cow::Borrowed(UNDERSCORED[i]),
+        "ce-" => Cow::Borrowed(DASHED[i]),
+        "" => Cow::Borrowed(ATTRS[i]),
+        p => Cow::Owned(prefixed(p, ATTRS[i])),
+    }
+}
+
+fn prefixed(prefix: &str, name: &str) -> String {
+    let mut s = String::with_capacity(prefix.len() + name.len());
+    s.push_str(prefix);
+    s.push_str(name);
+    s
+}
+
+/// [`encode_binary_headers_prefixed`] without copies: the names of the attributes are static
+/// (under `ce_`, `ce-` or no prefix) and the values are borrowed from the event, except an
+/// extension's name and a non-string extension's text. For a sink that writes the headers out
+/// at once.
+pub fn binary_headers<'e>(
+    prefix: &str,
+    event: &'e Event,
+) -> Vec<(Cow<'static, str>, Cow<'e, [u8]>)> {
+    let mut h = Vec::with_capacity(8 + event.extensions.len());
+    let mut put =
+        |i: usize, v: &'e str| h.push((attr_name(prefix, i), Cow::Borrowed(v.as_bytes())));
+    put(0, SPEC_VERSION);
+    put(1, &event.id);
+    put(2, &event.source);
+    put(3, &event.ty);
     let optional = [
-        (named("dataschema"), event.dataschema.as_deref()),
-        (named("subject"), event.subject.as_deref()),
-        (named("time"), event.time.as_ref().map(Timestamp::as_str)),
-        ("content-type".to_owned(), event.datacontenttype.as_deref()),
+        event.dataschema.as_deref(),
+        event.subject.as_deref(),
+        event.time.as_ref().map(Timestamp::as_str),
     ];
-    for (k, v) in optional {
+    for (i, v) in optional.into_iter().enumerate() {
         if let Some(v) = v {
-            h.push((k, v.as_bytes().to_vec()));
+            put(4 + i, v);
         }
     }
+    if let Some(ct) = &event.datacontenttype {
+        h.push((Cow::Borrowed("content-type"), Cow::Borrowed(ct.as_bytes())));
+    }
     for (name, value) in &event.extensions {
-        h.push((named(name), value.to_canonical().as_bytes().to_vec()));
+        let value = match value.to_canonical() {
+            Cow::Borrowed(v) => Cow::Borrowed(v.as_bytes()),
+            Cow::Owned(v) => Cow::Owned(v.into_bytes()),
+        };
+        h.push((Cow::Owned(prefixed(prefix, name)), value));
     }
     h
 }
@@ -132,6 +200,44 @@ pub fn encode_binary_headers_prefixed(prefix: &str, event: &Event) -> Vec<(Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn static_and_built_names_agree_for_every_prefix() {
+        let mut e = Event::new("1", "/s", "t")
+            .with_subject("sub")
+            .with_time(Timestamp::parse("2026-12-03T10:00:00Z").unwrap())
+            .with_json(&b"{}"[..]);
+        e.dataschema = Some("https://x/s".into());
+        e.set_extension("traceparent", "00-x");
+        e.set_extension("n", ExtValue::Integer(7));
+        for prefix in ["ce_", "ce-", "", "x-ce-"] {
+            let h = binary_headers(prefix, &e);
+            let names: Vec<&str> = h.iter().map(|(k, _)| k.as_ref()).collect();
+            let want: Vec<String> = ATTRS
+                .iter()
+                .map(|a| format!("{prefix}{a}"))
+                .chain(["content-type".to_owned()])
+                .chain(["traceparent", "n"].iter().map(|x| format!("{prefix}{x}")))
+                .collect();
+            assert_eq!(names, want, "{prefix:?}");
+            let values: Vec<&[u8]> = h.iter().map(|(_, v)| v.as_ref()).collect();
+            assert_eq!(
+                values,
+                [
+                    &b"1.0"[..],
+                    b"1",
+                    b"/s",
+                    b"t",
+                    b"https://x/s",
+                    b"sub",
+                    b"2026-12-03T10:00:00Z",
+                    b"application/json",
+                    b"00-x",
+                    b"7"
+                ]
+            );
+        }
+    }
 
     #[test]
     fn binary_roundtrip() {

@@ -296,10 +296,10 @@ impl KafkaSink {
         let mut headers = OwnedHeaders::new();
         let payload = match self.mode {
             Mode::Binary => {
-                for (k, v) in kafka_binding::encode_binary_headers(e) {
+                for (k, v) in kafka_binding::binary_headers("ce_", e) {
                     headers = headers.insert(Header {
                         key: &k,
-                        value: Some(&v),
+                        value: Some(&*v),
                     });
                 }
                 e.data.as_bytes().cloned()

@@ -6,6 +6,8 @@
 //! puts the JSON event in `data`. Any other entry is a plain entry: its fields become a JSON
 //! object.
 
+use std::borrow::Cow;
+
 use base64::Engine;
 use bytes::Bytes;
 use redis::Value;
@@ -251,22 +253,32 @@ pub enum Mode {
 }
 
 /// The fields of the entry for `e`.
+#[cfg(test)]
 pub fn to_fields(e: &Event, mode: Mode) -> Fields {
+    fields_of(e, mode)
+        .into_iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.into_owned()))
+        .collect()
+}
+
+/// [`to_fields`] borrowed from the event where it can be (the attribute names are static, the
+/// values and the data the event's own): what the sink writes into its `XADD` at once.
+pub fn fields_of(e: &Event, mode: Mode) -> Vec<(Cow<'static, str>, Cow<'_, [u8]>)> {
     match mode {
         Mode::Structured => vec![
             (
-                b"content-type".to_vec(),
-                format::STRUCTURED_CONTENT_TYPE.as_bytes().to_vec(),
+                Cow::Borrowed("content-type"),
+                Cow::Borrowed(format::STRUCTURED_CONTENT_TYPE.as_bytes()),
             ),
-            (DATA_FIELD.as_bytes().to_vec(), format::encode_event(e)),
+            (
+                Cow::Borrowed(DATA_FIELD),
+                Cow::Owned(format::encode_event(e)),
+            ),
         ],
         Mode::Binary => {
-            let mut f: Fields = kafka_binding::encode_binary_headers(e)
-                .into_iter()
-                .map(|(k, v)| (k.into_bytes(), v))
-                .collect();
+            let mut f = kafka_binding::binary_headers("ce_", e);
             if let Some(d) = e.data.as_bytes() {
-                f.push((DATA_FIELD.as_bytes().to_vec(), d.to_vec()));
+                f.push((Cow::Borrowed(DATA_FIELD), Cow::Borrowed(&d[..])));
             }
             f
         }

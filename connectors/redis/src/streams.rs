@@ -936,8 +936,8 @@ impl StreamsSink {
                     cmd.arg(len);
                 }
                 cmd.arg("*");
-                for (k, v) in entry::to_fields(event, self.mode) {
-                    cmd.arg(k).arg(v);
+                for (k, v) in entry::fields_of(event, self.mode) {
+                    cmd.arg(&*k).arg(&*v);
                 }
             },
             |reply| match reply {
