@@ -927,7 +927,14 @@ impl StreamsSink {
             ctx,
             self.batch,
             |pipe, event| {
-                let cmd = pipe.cmd("XADD").arg(self.key(event));
+                let key = self.key(event);
+                let fields = entry::fields_of(event, self.mode);
+                // Sized up front: growing the command's buffer argument by argument copied
+                // each entry (its KiB of data included) several times over.
+                let data =
+                    32 + key.len() + fields.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+                let mut cmd = redis::Cmd::with_capacity(7 + 2 * fields.len(), data);
+                cmd.arg("XADD").arg(key);
                 if let Some((approx, len)) = self.maxlen {
                     cmd.arg("MAXLEN");
                     if approx {
@@ -936,9 +943,10 @@ impl StreamsSink {
                     cmd.arg(len);
                 }
                 cmd.arg("*");
-                for (k, v) in entry::fields_of(event, self.mode) {
-                    cmd.arg(&*k).arg(&*v);
+                for (k, v) in &fields {
+                    cmd.arg(&**k).arg(&**v);
                 }
+                pipe.add_command(cmd);
             },
             |reply| match reply {
                 Value::BulkString(_) | Value::SimpleString(_) => Ok(()),
