@@ -37,6 +37,8 @@ AMQP_CONNS=${AMQP_CONNS:-1000}
 PARTS=${PARTS:-"sources sinks"}
 # SOURCES: which source benchmarks run (R Redis Streams, A RabbitMQ, M mosquitto).
 SOURCES=${SOURCES:-"R A M"}
+# SINKS: which sink benchmarks run (the same letters).
+SINKS=${SINKS:-"R A M"}
 BATCH=${BATCH:-1}
 REDIS_PORT=16380
 MQTT_PORT=11884
@@ -147,16 +149,22 @@ for r in $(seq 1 "$ROUNDS"); do
   [[ " $PARTS " == *" sinks "* ]] || break
   echo "round $r sinks:"
   BPID=$rpid
+  if [[ " $SINKS " == *" R "* ]]; then
   printf '  out: { kind: redis-streams, url: "redis://127.0.0.1:%s", stream: out, maxlen: "~1000000" }\n' $REDIS_PORT > "$work/sink.yaml"
   sink_round "redis-sink" "$LOOPS" redis-publish --url redis://127.0.0.1:$REDIS_PORT --stream out --seconds "$DURATION" --batch 500
+  fi
+  if [[ " $SINKS " == *" A "* ]]; then
   BPID=$apid
   "$LOOPS" amqp-preload --url "$AMQP" --queue bench-out --count 0
   printf '  out: { kind: amqp, url: "%s", exchange: "", routing_key: bench-out, max_in_flight: 1000 }\n' "$AMQP" > "$work/sink.yaml"
   SINK_CONNS=$AMQP_CONNS sink_round "amqp-sink" "$LOOPS" amqp-publish --url "$AMQP" --exchange "" --key bench-out --seconds "$DURATION" --window 1000
   "$LOOPS" amqp-delete --url "$AMQP" --queue bench-out
+  fi
+  if [[ " $SINKS " == *" M "* ]]; then
   BPID=$mpid
   printf '  out: { kind: mqtt, url: "mqtt://127.0.0.1:%s", topic: bench/out, qos: 1, max_in_flight: 100 }\n' $MQTT_PORT > "$work/sink.yaml"
   sink_round "mqtt-sink" "$LOOPS" mqtt-publish --port $MQTT_PORT --topic bench/out --seconds "$DURATION" --inflight 100
+  fi
 done
 
 echo

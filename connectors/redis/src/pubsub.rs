@@ -372,7 +372,7 @@ impl PubSubSink {
                 };
                 pipe.cmd("PUBLISH").arg(channel).arg(body);
             },
-            |reply| match reply {
+            move |reply| match reply {
                 Value::Int(0) if require => {
                     Err("no subscriber received it (require_subscriber)".into())
                 }

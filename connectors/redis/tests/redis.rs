@@ -279,6 +279,39 @@ async fn cloudevents_roundtrip_through_the_streams_sink_and_source() {
 }
 
 #[tokio::test]
+async fn the_streams_sink_appends_in_arrival_order_with_pipelines_in_flight() {
+    let stream = unique("rs-order");
+    let mut c = conn(SHARED).await;
+    // Batches of 7: many pipelines, two of them waiting for Redis at a time.
+    let rig = start_sink::<StreamsSinkConfig>(
+        "rs-sink-order",
+        json!({"url": SHARED, "stream": stream, "batch": 7}),
+    )
+    .await;
+    let ids: Vec<String> = (0..500).map(|i| format!("e-{i}")).collect();
+    let sends = ids.chunks(50).map(|ids| {
+        rig.send(
+            ids.iter()
+                .map(|id| Event::new(id.as_str(), "/s", "t"))
+                .collect(),
+        )
+    });
+    for out in futures_util::future::join_all(sends).await {
+        assert_eq!(out.status, Status::Delivered, "{:?}", out.reason);
+    }
+    let entries: redis::streams::StreamRangeReply = c.xrange_all(&stream).await.unwrap();
+    let got: Vec<String> = entries
+        .ids
+        .iter()
+        .map(|e| redis::from_redis_value::<String>(e.map["ce_id"].clone()).unwrap())
+        .collect();
+    assert_eq!(
+        got, ids,
+        "the stream holds the events in the order they were queued"
+    );
+}
+
+#[tokio::test]
 async fn the_streams_sink_fails_what_redis_did_not_take() {
     let mut c = conn(SHARED).await;
     let key = unique("not-a-stream");
