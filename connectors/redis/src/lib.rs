@@ -145,87 +145,58 @@ pub(crate) fn five_seconds() -> sluice_core::units::HumanDuration {
     sluice_core::units::HumanDuration::from_secs(5)
 }
 
-/// Pipelines of commands that may be waiting for their replies at once. With one, the sink
-/// sat idle while Redis answered, and the sources' requests waited with it; the next batch is
-/// built and sent meanwhile. Sent in order on one connection, so Redis applies them in order.
-const PIPELINES_IN_FLIGHT: usize = 2;
-
 /// The loop of a pipelining Redis sink: takes up to `batch` events, sends one pipeline with one
 /// command per event (`command` writes it), and settles each event from its own reply (`check`:
 /// `Ok` delivered, `Err(reason)` failed); a pipeline that fails as a whole (connection lost,
 /// timeout, grace period over) fails all of its events. `verb` names the command in reasons.
 pub(crate) async fn run_pipelined(
     name: &str,
-    verb: &'static str,
-    conn: redis::aio::ConnectionManager,
+    verb: &str,
+    mut conn: redis::aio::ConnectionManager,
     mut ctx: sluice_core::SinkContext,
     batch: usize,
     mut command: impl FnMut(&mut redis::Pipeline, &sluice_core::Event),
-    check: impl Fn(redis::Value) -> Result<(), String> + Send + Sync + 'static,
+    check: impl Fn(redis::Value) -> Result<(), String>,
 ) -> Result<(), sluice_core::ConnectorError> {
-    use futures_util::future::BoxFuture;
-    use futures_util::FutureExt as _;
-    use sluice_core::pipeline::{SinkWindow, Step};
     use sluice_core::SinkItem;
-    let check = std::sync::Arc::new(check);
-    let name: std::sync::Arc<str> = name.into();
     let mut items: Vec<SinkItem> = Vec::with_capacity(batch);
-    let mut window: SinkWindow<BoxFuture<'static, ()>> = SinkWindow::new(PIPELINES_IN_FLIGHT);
     loop {
-        let input = &mut ctx.input;
-        match window
-            .step(&ctx.grace_over, true, |_| {
-                input.recv_many(&mut items, batch)
-            })
-            .await
-        {
-            // Grace over: what is in flight is dropped with the window, its events failed.
-            Step::GraceOver => break,
-            Step::Settled | Step::Idle => continue,
-            Step::Input(0) => {
-                window.drain().await;
-                break;
-            }
-            Step::Input(_) => {}
+        let n = tokio::select! {
+            n = ctx.input.recv_many(&mut items, batch) => n,
+            _ = ctx.grace_over.cancelled() => 0,
+        };
+        if n == 0 {
+            break;
         }
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for item in &items {
             command(&mut pipe, &item.event);
         }
-        let items = std::mem::replace(&mut items, Vec::with_capacity(batch));
-        let (mut conn, check, name) = (conn.clone(), check.clone(), name.clone());
-        let mut run = async move {
-            let replies = pipe
-                .query_async::<Vec<redis::RedisResult<redis::Value>>>(&mut conn)
-                .await;
-            match replies {
-                Ok(replies) => {
-                    let mut replies = replies.into_iter();
-                    for SinkItem { delivery, .. } in items {
-                        match replies.next() {
-                            Some(Ok(v)) => match check(v) {
-                                Ok(()) => delivery.delivered(),
-                                Err(reason) => delivery.failed(reason),
-                            },
-                            Some(Err(e)) => delivery.failed(format!("{verb} failed: {e}")),
-                            None => delivery.failed(format!("{verb}: no reply")),
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(sink = %name, events = items.len(), error = %e, "redis: {verb} pipeline failed");
-                    for SinkItem { delivery, .. } in items {
-                        delivery.failed(format!("{verb} failed: {e}"));
+        let replies = tokio::select! {
+            r = pipe.query_async::<Vec<redis::RedisResult<redis::Value>>>(&mut conn) => r,
+            _ = ctx.grace_over.cancelled() => Err(redis::RedisError::from((redis::ErrorKind::Io, "shutdown grace period over"))),
+        };
+        match replies {
+            Ok(replies) => {
+                let mut replies = replies.into_iter();
+                for SinkItem { delivery, .. } in items.drain(..) {
+                    match replies.next() {
+                        Some(Ok(v)) => match check(v) {
+                            Ok(()) => delivery.delivered(),
+                            Err(reason) => delivery.failed(reason),
+                        },
+                        Some(Err(e)) => delivery.failed(format!("{verb} failed: {e}")),
+                        None => delivery.failed(format!("{verb}: no reply")),
                     }
                 }
             }
-        }
-        .boxed();
-        // Polled once here, so that it is handed to the connection before the next batch is
-        // built: the pipelines go out in the order their events came.
-        if (&mut run).now_or_never().is_none() {
-            window.push(run);
+            Err(e) => {
+                tracing::warn!(sink = %name, events = items.len(), error = %e, "redis: {verb} pipeline failed");
+                for SinkItem { delivery, .. } in items.drain(..) {
+                    delivery.failed(format!("{verb} failed: {e}"));
+                }
+            }
         }
     }
     tracing::debug!(sink = %name, "redis: stopped");

@@ -282,7 +282,7 @@ async fn cloudevents_roundtrip_through_the_streams_sink_and_source() {
 async fn the_streams_sink_appends_in_arrival_order_with_pipelines_in_flight() {
     let stream = unique("rs-order");
     let mut c = conn(SHARED).await;
-    // Batches of 7: many pipelines, two of them waiting for Redis at a time.
+    // Batches of 7: many pipelines, one after the other.
     let rig = start_sink::<StreamsSinkConfig>(
         "rs-sink-order",
         json!({"url": SHARED, "stream": stream, "batch": 7}),
