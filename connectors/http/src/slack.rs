@@ -169,9 +169,11 @@ impl SlackSinkConfig {
         if let Some(i) = self
             .allowed_channels
             .iter()
-            .position(|c| c.trim().is_empty())
+            .position(|c| c.is_empty() || c.trim() != c)
         {
-            return Err(format!("allowed_channels.{i}: give a channel name or id"));
+            return Err(format!(
+                "allowed_channels.{i}: give a channel name or id, without spaces around it"
+            ));
         }
         let channel = t("channel", &self.channel)?;
         if let Some(c) = channel

@@ -223,4 +223,8 @@ fn bad_configs_are_refused() {
             .contains("#ops is not in allowed_channels")
     );
     assert!(bad(json!({"token": "x", "allowed_channels": [" "]})).contains("allowed_channels.0"));
+    assert!(
+        bad(json!({"token": "x", "allowed_channels": ["#ops", " #releases"]}))
+            .contains("allowed_channels.1")
+    );
 }
