@@ -696,7 +696,6 @@ fn argo_resolve_param_value() {
     assert!(crate::params::Param::compile(&bad, 0, "p").is_err());
 }
 
-// params_test.go :: TestConstructPayload and TestApplyParams (compared as parsed JSON: Sluice
 #[test]
 fn data_key_parameters_read_unchecked_data_as_gjson_does_and_fall_back_on_non_json() {
     let cfg: SensorConfig = serde_json::from_value(json!({
@@ -734,6 +733,7 @@ fn data_key_parameters_read_unchecked_data_as_gjson_does_and_fall_back_on_non_js
     );
 }
 
+// params_test.go :: TestConstructPayload and TestApplyParams (compared as parsed JSON: Sluice
 // writes a new document, not sjson's in-place edit)
 #[test]
 fn argo_construct_payload_and_apply_params() {
