@@ -1630,11 +1630,35 @@ async fn broker_sources_survive_kill_9() {
                     .unwrap();
         }
     };
-    for i in 0..N / 2 {
-        publish(i).await;
-    }
-    let _ = d.child.kill(); // SIGKILL: no drain, no acknowledgement of what is in flight
-    let _ = d.child.wait();
+    // The kill comes while the first half is still being published, once some messages went
+    // through: waiting for the whole first half let a fast relay finish it before the kill.
+    let first_half = async {
+        for i in 0..N / 2 {
+            publish(i).await;
+        }
+    };
+    let kill_midway = async {
+        let mut watch = redis_client
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let started = Instant::now();
+        loop {
+            let mut relayed = 0;
+            for source in ["rabbit", "devices", "stream"] {
+                relayed += redis_stream_data(&mut watch, &format!("e2e-out-{tag}-{source}"))
+                    .await
+                    .len();
+            }
+            if relayed >= 10 || started.elapsed() > Duration::from_secs(20) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let _ = d.child.kill(); // SIGKILL: no drain, no acknowledgement of what is in flight
+        let _ = d.child.wait();
+    };
+    tokio::join!(first_half, kill_midway);
     let mut relayed_at_kill = 0;
     for source in ["rabbit", "devices", "stream"] {
         relayed_at_kill += redis_stream_data(&mut rc, &format!("e2e-out-{tag}-{source}"))
