@@ -149,33 +149,77 @@ pub(crate) fn five_seconds() -> sluice_core::units::HumanDuration {
 /// command per event (`command` writes it), and settles each event from its own reply (`check`:
 /// `Ok` delivered, `Err(reason)` failed); a pipeline that fails as a whole (connection lost,
 /// timeout, grace period over) fails all of its events. `verb` names the command in reasons.
+///
+/// One pipeline is sent at a time, so Redis applies the events in the order they were queued.
+/// While it waits for its replies, the next one is taken from the queue and its commands are
+/// written, so that work overlaps the round trip instead of following it; it is sent only after
+/// the replies of the one before.
 pub(crate) async fn run_pipelined(
     name: &str,
     verb: &str,
-    mut conn: redis::aio::ConnectionManager,
+    conn: redis::aio::ConnectionManager,
     mut ctx: sluice_core::SinkContext,
     batch: usize,
     mut command: impl FnMut(&mut redis::Pipeline, &sluice_core::Event),
     check: impl Fn(redis::Value) -> Result<(), String>,
 ) -> Result<(), sluice_core::ConnectorError> {
     use sluice_core::SinkItem;
-    let mut items: Vec<SinkItem> = Vec::with_capacity(batch);
-    loop {
-        let n = tokio::select! {
-            n = ctx.input.recv_many(&mut items, batch) => n,
-            _ = ctx.grace_over.cancelled() => 0,
-        };
-        if n == 0 {
-            break;
-        }
+    let new_pipe = || {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for item in &items {
-            command(&mut pipe, &item.event);
-        }
-        let replies = tokio::select! {
-            r = pipe.query_async::<Vec<redis::RedisResult<redis::Value>>>(&mut conn) => r,
-            _ = ctx.grace_over.cancelled() => Err(redis::RedisError::from((redis::ErrorKind::Io, "shutdown grace period over"))),
+        pipe
+    };
+    // The events of the pipeline in flight, and those taken to follow it with their commands
+    // (written as they arrive, up to `batch`).
+    let mut items: Vec<SinkItem> = Vec::with_capacity(batch);
+    let mut following: Vec<SinkItem> = Vec::with_capacity(batch);
+    let mut next = new_pipe();
+    // The queue is closed and drained: nothing follows what has been taken.
+    let mut input_done = false;
+    loop {
+        let pipe = if !following.is_empty() {
+            std::mem::swap(&mut items, &mut following);
+            std::mem::replace(&mut next, new_pipe())
+        } else if input_done {
+            break;
+        } else {
+            let n = tokio::select! {
+                n = ctx.input.recv_many(&mut items, batch) => n,
+                _ = ctx.grace_over.cancelled() => 0,
+            };
+            if n == 0 {
+                break;
+            }
+            let mut pipe = new_pipe();
+            for item in &items {
+                command(&mut pipe, &item.event);
+            }
+            pipe
+        };
+        let mut c = conn.clone();
+        let send = async move {
+            pipe.query_async::<Vec<redis::RedisResult<redis::Value>>>(&mut c)
+                .await
+        };
+        tokio::pin!(send);
+        let replies = loop {
+            let room = batch - following.len();
+            tokio::select! {
+                biased;
+                r = &mut send => break r,
+                _ = ctx.grace_over.cancelled() => break Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "shutdown grace period over",
+                ))),
+                n = ctx.input.recv_many(&mut following, room), if room > 0 && !input_done => {
+                    if n == 0 {
+                        input_done = true;
+                    }
+                    for item in &following[following.len() - n..] {
+                        command(&mut next, &item.event);
+                    }
+                }
+            }
         };
         match replies {
             Ok(replies) => {
@@ -197,6 +241,13 @@ pub(crate) async fn run_pipelined(
                     delivery.failed(format!("{verb} failed: {e}"));
                 }
             }
+        }
+        if ctx.grace_over.is_cancelled() {
+            // The grace period is over: what was taken to follow is not sent.
+            for SinkItem { delivery, .. } in following.drain(..) {
+                delivery.failed("shutdown grace period over".to_owned());
+            }
+            break;
         }
     }
     tracing::debug!(sink = %name, "redis: stopped");

@@ -311,6 +311,66 @@ async fn the_streams_sink_appends_in_arrival_order_with_pipelines_in_flight() {
     );
 }
 
+/// The next pipeline is taken and written while one waits for Redis; at the end of the grace
+/// period both are settled as failed, and the one that was waiting to follow is never sent.
+#[tokio::test]
+async fn at_the_end_of_grace_the_pipeline_in_flight_and_the_one_built_to_follow_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = spawn_redis(dir.path(), None);
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let mut c = conn(&url).await;
+    let rig = start_sink::<StreamsSinkConfig>(
+        "rs-sink-grace",
+        json!({"url": url, "stream": "out", "batch": 3, "timeout": "30s"}),
+    )
+    .await;
+    // Writes wait on the server while it is paused: the first pipeline stays in flight.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(20_000)
+        .arg("WRITE")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let unit = |p: &str| {
+        (0..3)
+            .map(|i| Event::new(format!("{p}{i}"), "/s", "t"))
+            .collect()
+    };
+    let first = rig.sender().send(unit("a")).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = rig.sender().send(unit("b")).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    rig.grace_over.cancel();
+    for (name, pending) in [("in flight", first), ("following", second)] {
+        let out = tokio::time::timeout(Duration::from_secs(5), pending)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("the {name} pipeline was not settled after the grace period")
+            });
+        assert_eq!(out.status, Status::Failed, "{name}: {:?}", out.reason);
+        assert!(
+            out.reason.as_deref().unwrap_or("").contains("grace period"),
+            "{name}: {:?}",
+            out.reason
+        );
+    }
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // What was written before the end may still be applied; what followed never left.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let entries: redis::streams::StreamRangeReply = c.xrange_all("out").await.unwrap();
+    let ids: Vec<String> = entries
+        .ids
+        .iter()
+        .map(|e| redis::from_redis_value::<String>(e.map["ce_id"].clone()).unwrap())
+        .collect();
+    assert!(ids.iter().all(|id| id.starts_with('a')), "{ids:?}");
+}
+
 #[tokio::test]
 async fn the_streams_sink_fails_what_redis_did_not_take() {
     let mut c = conn(SHARED).await;
