@@ -58,9 +58,20 @@ $BUS_PIN /usr/sbin/mosquitto -c "$work/mosquitto.conf" >/dev/null 2>&1 & mpid=$!
 wait_port $REDIS_PORT; wait_port $MQTT_PORT
 apid=$(pgrep -f beam.smp | head -1) || { echo "RabbitMQ is not running on this machine (scripts/test.sh starts it)" >&2; exit 1; }
 make_load "$work" "$BATCH"
+declare -A RAW SL
+DROPPED=""
+# keep KEY RAW SLUICE STEAL0 T0: records a round pair for the medians unless the host's steal
+# since STEAL0 (read at T0) was above STEAL_MAX; prints the steal either way.
+keep() {
+  local st; st=$(steal_pct "$4" "$(steal_of)" "$(python3 -c "import time; print(time.time() - $5)")")
+  if [ "$st" -gt "$STEAL_MAX" ]; then
+    DROPPED+="$1 "; echo "    (steal $st % > $STEAL_MAX %: this round is left out of the medians)"
+  else
+    RAW[$1]+="$2 "; SL[$1]+="$3 "; echo "    (steal $st %)"
+  fi
+}
 
 ratio() { python3 -c "import sys; r, s = (float(x or 0) for x in sys.argv[1:]); print(f'{s / r:.2f}' if r > 0 else 'n/a')" "$1" "$2"; }
-declare -A RAW SL
 
 [[ " $PARTS " == *" sources "* && " $SOURCES " == *" R "* ]] && {
 echo "preloading $RCOUNT messages of 1 KiB into Redis ..."
@@ -72,6 +83,7 @@ for r in $(seq 1 "$ROUNDS"); do
   tag="$(date +%s)$r"
   # R source
   if [[ " $SOURCES " == *" R "* ]]; then
+  st0=$(steal_of); t0=$(date +%s.%N)
   read -r raw raw_cpu raw_b <<<"$(run_raw $rpid "$LOOPS" redis-consume --url redis://127.0.0.1:$REDIS_PORT --stream bench --group "raw$tag" --count "$RCOUNT" --window 1000)"
   cat > "$work/sluice.yaml" <<YAML
 admin: { listen: 127.0.0.1:$ADMIN }
@@ -84,11 +96,12 @@ routes:
 YAML
   read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $rpid "$RCOUNT")"
   echo "round $r R source: raw XREADGROUP+XACK $raw msg/s (loop $raw_cpu %, redis $raw_b %) | sluice redis-streams → null $sl ev/s (sluice $sl_cpu %, redis $sl_b %) = $(ratio "$raw" "$sl")"
-  RAW[rs]+="$raw "; SL[rs]+="$sl "
+  keep rs "$raw" "$sl" "$st0" "$t0"
   fi
 
   # A source: two queues preloaded, one for each side.
   if [[ " $SOURCES " == *" A "* ]]; then
+  st0=$(steal_of); t0=$(date +%s.%N)
   for q in "raw$tag" "sl$tag"; do "$LOOPS" amqp-preload --url "$AMQP" --queue "$q" --count "$ACOUNT"; done
   read -r raw raw_cpu raw_b <<<"$(run_raw $apid "$LOOPS" amqp-consume --url "$AMQP" --queue "raw$tag" --count "$ACOUNT" --prefetch 500)"
   cat > "$work/sluice.yaml" <<YAML
@@ -103,11 +116,12 @@ YAML
   read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $apid "$ACOUNT")"
   for q in "raw$tag" "sl$tag"; do "$LOOPS" amqp-delete --url "$AMQP" --queue "$q"; done
   echo "round $r A source: raw consume+ack $raw msg/s (loop $raw_cpu %, rabbitmq $raw_b %) | sluice amqp → null $sl ev/s (sluice $sl_cpu %, rabbitmq $sl_b %) = $(ratio "$raw" "$sl")"
-  RAW[am]+="$raw "; SL[am]+="$sl "
+  keep am "$raw" "$sl" "$st0" "$t0"
   fi
 
   # M source: two persistent sessions subscribed, then the backlog published to both.
   if [[ " $SOURCES " == *" M "* ]]; then
+  st0=$(steal_of); t0=$(date +%s.%N)
   for c in "raw$tag" "sl$tag"; do "$LOOPS" mqtt-session --port $MQTT_PORT --topic bench/t --client-id "$c"; done
   "$LOOPS" mqtt-preload --port $MQTT_PORT --topic bench/t --count "$MCOUNT" --inflight 1000
   read -r raw raw_cpu raw_b <<<"$(run_raw $mpid timeout 120 "$LOOPS" mqtt-consume --port $MQTT_PORT --topic bench/t --client-id "raw$tag" --count "$MCOUNT")"
@@ -123,14 +137,14 @@ YAML
   read -r sl sl_cpu sl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $mpid "$MCOUNT")"
   echo "round $r M source: raw QoS1 consume $raw msg/s (loop $raw_cpu %, mosquitto $raw_b %) | sluice mqtt → null $sl ev/s (sluice $sl_cpu %, mosquitto $sl_b %) = $(ratio "$raw" "$sl")"
   for c in "raw$tag" "sl$tag"; do "$LOOPS" mqtt-clear --port $MQTT_PORT --client-id "$c"; done
-  RAW[mq]+="$raw "; SL[mq]+="$sl "
+  keep mq "$raw" "$sl" "$st0" "$t0"
   fi
 done
 
 # Sinks: webhook → sink against the raw publish loops.
 sink_round() { # name raw-command... ; the sink config is in $work/sink.yaml
   local key=$1; shift
-  local b0 t0; b0=$(cpu_of "$BPID"); t0=$(date +%s.%N)
+  local b0 t0 st0; b0=$(cpu_of "$BPID"); t0=$(date +%s.%N); st0=$(steal_of)
   local raw; raw=$($SERVER_PIN /usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$@")
   local raw_cpu; raw_cpu=$(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' "$work/raw.time")
   local raw_b; raw_b=$(cpu_pct "$b0" "$(cpu_of "$BPID")" "$(python3 -c "import time; print(time.time() - $t0)")")
@@ -143,7 +157,7 @@ sink_round() { # name raw-command... ; the sink config is in $work/sink.yaml
   local sl_cpu sl_b; sl_cpu=$(cpu_pct "$s0" "$(cpu_of $spid)" "$secs"); sl_b=$(cpu_pct "$b1" "$(cpu_of "$BPID")" "$secs")
   kill -TERM $spid; wait $spid 2>/dev/null || true
   echo "  $key: raw $raw msg/s (loop $raw_cpu %, broker $raw_b %) | sluice webhook → sink ${rps%.*} ev/s (batch $BATCH) (sluice $sl_cpu %, broker $sl_b %, wrk $wrk_cpu %, non-2xx $non2xx) = $(ratio "$raw" "$rps")"
-  RAW[$key]+="$raw "; SL[$key]+="${rps%.*} "
+  keep "$key" "$raw" "${rps%.*}" "$st0" "$t0"
 }
 for r in $(seq 1 "$ROUNDS"); do
   [[ " $PARTS " == *" sinks "* ]] || break
@@ -168,7 +182,7 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 echo
-echo "medians of the paired ratios (Sluice / raw):"
+echo "medians of the paired ratios (Sluice / raw), rounds with steal ≤ $STEAL_MAX % (left out: ${DROPPED:-none}):"
 for k in rs am mq redis-sink amqp-sink mqtt-sink; do
   [ -n "${RAW[$k]:-}" ] || continue
   python3 - "$k" "${RAW[$k]}" "${SL[$k]}" <<'PY'

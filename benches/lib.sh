@@ -116,6 +116,15 @@ run_wrk() {
 # CPU seconds (user + system) process $1 has used so far.
 cpu_of() { awk '{printf "%.2f", ($14 + $15) / '"$(getconf CLK_TCK)"'}' "/proc/$1/stat"; }
 
+# The machine's steal time so far (CPU time the hypervisor gave to others), all CPUs, in ticks.
+steal_of() { awk '/^cpu / {print $9}' /proc/stat; }
+
+# Steal as a share (%) of the machine's CPU time, from two steal_of readings $1 $2 over $3
+# seconds. Rounds above STEAL_MAX (default 5) ran on a throttled host: scripts that check it
+# print them but leave them out of their medians.
+steal_pct() { python3 -c "print('%.0f' % (100*($2-$1)/$(getconf CLK_TCK)/$3/$(nproc)))"; }
+STEAL_MAX=${STEAL_MAX:-5}
+
 # CPU share (% of one core) from two cpu_of readings $1 $2 over $3 seconds.
 cpu_pct() { python3 -c "print('%.0f' % (100*($2-$1)/$3))"; }
 

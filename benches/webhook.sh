@@ -86,7 +86,9 @@ stop() { kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; sleep 0.3; }
 # Each run also records the CPU share (of one core) of the server and of wrk: a ratio means
 # something only when the server, not the load generator, is the bottleneck.
 declare -A RPS P99 NON2XX RSS SCPU LCPU
+STEALS=""   # the host's steal % per round (all servers of the round)
 for round in $(seq 1 "$ROUNDS"); do
+  st0=$(steal_of); rt0=$(date +%s.%N)
   for s in bare null null-noht log; do
     start $s
     c0=$(cpu_of "$pid"); t0=$(date +%s.%N)
@@ -100,6 +102,7 @@ for round in $(seq 1 "$ROUNDS"); do
     RSS[$s]+="$(awk '/VmHWM/ {printf "%.1f", $2/1024}' "/proc/$pid/status") "
     stop
   done
+  STEALS+="$(steal_pct "$st0" "$(steal_of)" "$(python3 -c "import time; print(time.time() - $rt0)")") "
 done
 median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sed 's/ms$//' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
@@ -121,6 +124,7 @@ done
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem/ {print $2}') GiB; $(date -u +%Y-%m-%d)"
 echo "load: wrk -t1 -c$CONNS -d$DURATION, $ROUNDS alternating rounds (median); oha -c$CONNS -q <half of median> for latency; server on cpu $SERVER_CPU (1 worker thread, current-thread scheduler${QUOTA:+, CPU quota $QUOTA % of the core}), load on cpu $LOAD_CPU; 1 KiB JSON POST"
+echo "the host's steal per round (% of all CPUs): ${STEALS% }; rounds above STEAL_MAX=$STEAL_MAX % are left out of the ratios"
 echo
 bare=$(median "${RPS[bare]}")
 LIMIT=${LOAD_CPU_LIMIT:-85}
@@ -137,8 +141,10 @@ for s in bare null null-noht log; do
   # drift of the VM's speed during the run cancels out.
   pct=$(python3 -c "
 a=[float(x) for x in '${RPS[$s]}'.split()]; b=[float(x) for x in '${RPS[bare]}'.split()]
-r=sorted(x/y for x,y in zip(a,b)); n=len(r)
-print('%.0f %%' % (100*(r[n//2] if n%2 else (r[n//2-1]+r[n//2])/2)))")
+st=[float(x) for x in '$STEALS'.split()]
+# Rounds on a throttled host (steal above STEAL_MAX) are left out.
+r=sorted(x/y for x,y,t in zip(a,b,st) if t <= $STEAL_MAX); n=len(r)
+print('%.0f %% (%d of %d rounds)' % (100*(r[n//2] if n%2 else (r[n//2-1]+r[n//2])/2), n, len(a)) if n else 'n/a (steal above $STEAL_MAX %% in every round)')")
   # Refused when wrk was near its core's limit in any round of this server or of the ceiling:
   # then wrk, not the server, set the rate.
   worst=$(tr ' ' '\n' <<<"${LCPU[$s]} ${LCPU[bare]}" | grep -v '^$' | sort -g | tail -1)
