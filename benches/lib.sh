@@ -78,11 +78,19 @@ LUA
 
 # Prints the median of the paired ratios of two space-separated lists (ours, ceiling).
 paired() {
-  python3 - "$1" "$2" "${3:-events/s}" <<'PY'
+  python3 - "$1" "$2" "${3:-events/s}" "${4:-}" "$STEAL_MAX" <<'PY'
 import sys
 ceil = [float(x) for x in sys.argv[1].split()]; ours = [float(x) for x in sys.argv[2].split()]
 med = lambda v: sorted(v)[len(v)//2] if len(v) % 2 else sum(sorted(v)[len(v)//2-1:len(v)//2+1]) / 2
-print(f"median ceiling {med(ceil):.0f} {sys.argv[3]}, median sluice {med(ours):.0f} {sys.argv[3]}, paired ratio {100*med([o/c for o, c in zip(ours, ceil)]):.0f} %")
+# $4: the host's steal % per round (optional); rounds above STEAL_MAX are left out.
+steal = [float(x) for x in sys.argv[4].split()] or [0.0] * len(ceil)
+keep = [i for i, st in enumerate(steal) if st <= float(sys.argv[5]) and i < len(ceil) and i < len(ours)]
+note = f" ({len(keep)} of {len(ceil)} rounds: steal ≤ {sys.argv[5]} %)" if sys.argv[4] else ""
+if not keep:
+    print(f"no round with steal ≤ {sys.argv[5]} % (steal per round: {sys.argv[4]}): no ratio")
+else:
+    c = [ceil[i] for i in keep]; o = [ours[i] for i in keep]
+    print(f"median ceiling {med(c):.0f} {sys.argv[3]}, median sluice {med(o):.0f} {sys.argv[3]}, paired ratio {100*med([x/y for x, y in zip(o, c)]):.0f} %{note}")
 PY
 }
 

@@ -70,7 +70,9 @@ CFG
 
 declare -A RPS SCPU LCPU NON2XX P99
 FIRED=""
+STEALS=""   # the host's steal % per round
 for round in $(seq 1 "$ROUNDS"); do
+  st0=$(steal_of); rt0=$(date +%s.%N)
   for s in webhook sensor; do
     start $s
     c0=$(cpu_of "$spid"); t0=$(date +%s.%N)
@@ -87,6 +89,7 @@ for round in $(seq 1 "$ROUNDS"); do
     fi
     kill -TERM "$spid"; wait "$spid" 2>/dev/null || true; sleep 0.3
   done
+  STEALS+="$(steal_pct "$st0" "$(steal_of)" "$(python3 -c "import time; print(time.time() - $rt0)")") "
 done
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem/ {print $2}') GiB; $(date -u +%Y-%m-%d)"
@@ -100,7 +103,8 @@ for s in webhook sensor; do
 done
 echo
 echo "trigger runs counted per sensor round: ${FIRED% }"
-echo "sensor vs webhook: $(paired "${RPS[webhook]}" "${RPS[sensor]}" "req/s")"
+echo "the host's steal per round (% of all CPUs): ${STEALS% }"
+echo "sensor vs webhook: $(paired "${RPS[webhook]}" "${RPS[sensor]}" "req/s" "$STEALS")"
 worst=$(tr ' ' '\n' <<<"${LCPU[webhook]} ${LCPU[sensor]}" | grep -v '^$' | sort -g | tail -1)
 if [ "$worst" -gt "${LOAD_CPU_LIMIT:-85}" ]; then
   echo "note: wrk reached ${worst} % CPU in a round: that round was load-generator-bound; use QUOTA=50"
