@@ -142,13 +142,17 @@ YAML
 done
 
 # Sinks: webhook → sink against the raw publish loops.
+# RESET (a command, optional) runs before each half of a sink round, so that both halves find
+# the broker in the same state (the Redis stream empty: a full one trims on every XADD).
 sink_round() { # name raw-command... ; the sink config is in $work/sink.yaml
   local key=$1; shift
+  ${RESET:-true} >/dev/null
   local b0 t0 st0; b0=$(cpu_of "$BPID"); t0=$(date +%s.%N); st0=$(steal_of)
   local raw; raw=$($SERVER_PIN /usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$@")
   local raw_cpu; raw_cpu=$(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' "$work/raw.time")
   local raw_b; raw_b=$(cpu_pct "$b0" "$(cpu_of "$BPID")" "$(python3 -c "import time; print(time.time() - $t0)")")
   { printf 'admin: { enabled: false }\nsources:\n  hooks: { kind: webhook, listen: 127.0.0.1:%s, path: /, ack: delivered }\nsinks:\n' $PORT; cat "$work/sink.yaml"; printf 'routes:\n  - { from: [hooks], to: [out] }\n'; } > "$work/sluice.yaml"
+  ${RESET:-true} >/dev/null
   start_sluice_on $PORT
   local s0 b1 t1; s0=$(cpu_of $spid); b1=$(cpu_of "$BPID"); t1=$(date +%s.%N)
   read -r rps non2xx _ wrk_cpu <<<"$(run_wrk $PORT "${SINK_CONNS:-$CONNS}")"
@@ -165,7 +169,7 @@ for r in $(seq 1 "$ROUNDS"); do
   BPID=$rpid
   if [[ " $SINKS " == *" R "* ]]; then
   printf '  out: { kind: redis-streams, url: "redis://127.0.0.1:%s", stream: out, maxlen: "~1000000" }\n' $REDIS_PORT > "$work/sink.yaml"
-  sink_round "redis-sink" "$LOOPS" redis-publish --url redis://127.0.0.1:$REDIS_PORT --stream out --seconds "$DURATION" --batch 500
+  RESET="redis-cli -p $REDIS_PORT DEL out" sink_round "redis-sink" "$LOOPS" redis-publish --url redis://127.0.0.1:$REDIS_PORT --stream out --seconds "$DURATION" --batch 500
   fi
   if [[ " $SINKS " == *" A "* ]]; then
   BPID=$apid
