@@ -170,32 +170,31 @@ pub(crate) async fn run_pipelined(
         pipe
     };
     // The events of the pipeline in flight, and those taken to follow it with their commands
-    // (written as they arrive, up to `batch`).
+    // in `next` (written as they arrive, up to `batch`).
     let mut items: Vec<SinkItem> = Vec::with_capacity(batch);
     let mut following: Vec<SinkItem> = Vec::with_capacity(batch);
     let mut next = new_pipe();
     // The queue is closed and drained: nothing follows what has been taken.
     let mut input_done = false;
     loop {
-        let pipe = if !following.is_empty() {
-            std::mem::swap(&mut items, &mut following);
-            std::mem::replace(&mut next, new_pipe())
-        } else if input_done {
-            break;
-        } else {
+        if following.is_empty() {
+            // Nothing was taken while the last pipeline was in flight: wait for events.
+            if input_done {
+                break;
+            }
             let n = tokio::select! {
-                n = ctx.input.recv_many(&mut items, batch) => n,
+                n = ctx.input.recv_many(&mut following, batch) => n,
                 _ = ctx.grace_over.cancelled() => 0,
             };
             if n == 0 {
                 break;
             }
-            let mut pipe = new_pipe();
-            for item in &items {
-                command(&mut pipe, &item.event);
+            for item in &following {
+                command(&mut next, &item.event);
             }
-            pipe
-        };
+        }
+        std::mem::swap(&mut items, &mut following);
+        let pipe = std::mem::replace(&mut next, new_pipe());
         let mut c = conn.clone();
         let send = async move {
             pipe.query_async::<Vec<redis::RedisResult<redis::Value>>>(&mut c)
