@@ -1,7 +1,7 @@
 //! The ceiling for the webhook benchmark: a bare hyper 1 server that reads the whole body and
 //! answers 200, with the same runtime shape as `sluice run --threads N`.
 //!
-//! Run: cargo bench --bench bare_hyper -- --listen 127.0.0.1:18080 [--threads 1]
+//! Run: cargo bench --bench bare_hyper -- --listen 127.0.0.1:18080 [--threads 1] [--exit-after SECS]
 //! (Without --listen it exits at once, so a plain `cargo bench` does not hang on it.)
 
 use std::convert::Infallible;
@@ -43,6 +43,15 @@ fn main() {
         return;
     };
     let addr: SocketAddr = listen.parse().expect("--listen ADDR");
+    // --exit-after SECS: a normal exit after SECS, so a profile-guided build's instrumented
+    // binary writes its profile (it does at exit, not when killed; docs/benchmarks.md).
+    if let Some(secs) = arg("--exit-after") {
+        let secs: u64 = secs.parse().expect("--exit-after SECS");
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            std::process::exit(0)
+        });
+    }
     let threads: usize = arg("--threads").map_or(1, |t| t.parse().expect("--threads N"));
     // The same shape as `sluice run --threads N`: one thread is tokio's current-thread
     // scheduler, more the multi-thread one.

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# A profile-guided (PGO) build of the daemon: an instrumented build, a training run over the
+# ingest hot paths, then the optimized build with that profile (docs/decisions.md).
+#
+#   scripts/pgo.sh                       # → target/pgo/sluice (release profile, all features)
+#   PROFILE=dist scripts/pgo.sh          # the container's profile (fat LTO; two slow builds)
+#   FEATURES=webhook,console,mimalloc scripts/pgo.sh
+#   TRAIN_ONLY=1 SLUICE_BIN=… scripts/pgo.sh   # only the training run of an instrumented binary
+#
+# The training run drives one daemon over real HTTP with wrk: plain JSON webhooks with and
+# without an id header, CloudEvents in binary mode and as batches, a GitHub delivery with its
+# signature, the log sink and a Sensor with a data and an expr filter. Each phase must answer
+# 2xx to every request, or the script fails (a profile of error paths would misguide the build).
+# Needs wrk (installed if missing) and llvm-profdata (rustup component llvm-tools).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. benches/lib.sh
+
+PROFILE=${PROFILE:-release}
+FEATURES=${FEATURES:-}
+PHASE=${PHASE_SECONDS:-4}
+OUT=${OUT:-target/pgo}
+PORT=18190
+ADMIN=17890
+SECRET=pgo-github-secret
+
+command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+sysroot=$(rustc --print sysroot)
+PROFDATA=$(ls "$sysroot"/lib/rustlib/*/bin/llvm-profdata 2>/dev/null | head -1 || true)
+if [ -z "$PROFDATA" ]; then
+  rustup component add llvm-tools >/dev/null
+  PROFDATA=$(ls "$sysroot"/lib/rustlib/*/bin/llvm-profdata | head -1)
+fi
+
+features=()
+[ -n "$FEATURES" ] && features=(--no-default-features --features "$FEATURES")
+data=${PGO_DATA:-$(realpath -m "$OUT/data")}   # TRAIN_ONLY: where the binary was built to write
+mkdir -p "$OUT"
+
+if [ "${TRAIN_ONLY:-0}" != 1 ]; then
+  rm -rf "$data"
+  echo "pgo: instrumented build ($PROFILE)"
+  RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$data" CARGO_TARGET_DIR=target/pgo-gen \
+    cargo build --profile "$PROFILE" --locked --bin sluice "${features[@]}"
+  # Build scripts ran instrumented too and wrote their own profiles: only the daemon's count.
+  rm -rf "$data"
+  SLUICE_BIN=target/pgo-gen/$PROFILE/sluice
+fi
+: "${SLUICE_BIN:?}"
+
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+mkdir -p "$work/batch"
+make_load "$work" 1
+cp "$work/body.json" "$work/one.json"
+make_load "$work/batch" 10
+sed 's#wrk.format("POST", "/"#wrk.format("POST", "/plain"#' "$work/batch/post.lua" > "$work/batch.lua"
+sig=$(python3 - "$work/one.json" "$SECRET" <<'PY'
+import hashlib, hmac, sys
+print("sha256=" + hmac.new(sys.argv[2].encode(), open(sys.argv[1], "rb").read(), hashlib.sha256).hexdigest())
+PY
+)
+# lua NAME PATH [SETUP] [PER-REQUEST]: wrk script NAME posting the 1 KiB body to PATH; SETUP
+# sets fixed headers once, PER-REQUEST runs before each request (n counts them: fresh ids).
+lua() {
+  cat > "$work/$1.lua" <<LUA
+local f = io.open("$work/one.json", "rb"); local body = f:read("*a"); f:close()
+local headers = {["Content-Type"] = "application/json"}
+${3:-}
+local n = 0
+request = function()
+  n = n + 1
+  ${4:-} 
+  return wrk.format("POST", "$2", headers, body)
+end
+LUA
+}
+lua plain /plain
+lua keyed /plain "" 'headers["Idempotency-Key"] = "pgo-" .. n'
+lua binary /plain 'headers["ce-specversion"] = "1.0"; headers["ce-source"] = "/pgo"; headers["ce-type"] = "pgo.order"' \
+  'headers["ce-id"] = "b-" .. n'
+lua log /log
+lua github /github 'headers["X-GitHub-Event"] = "push"; headers["X-Hub-Signature-256"] = "'"$sig"'"' \
+  'headers["X-GitHub-Delivery"] = "g-" .. n'
+lua sensor /sensor "" 'headers["Idempotency-Key"] = "s-" .. n'
+
+cat > "$work/pgo.yaml" <<CFG
+admin: { listen: 127.0.0.1:$ADMIN }
+sources:
+  plain: { kind: webhook, listen: 127.0.0.1:$PORT, path: /plain }
+  logged: { kind: webhook, listen: 127.0.0.1:$PORT, path: /log }
+  gh: { kind: github, listen: 127.0.0.1:$PORT, path: /github, secrets: ["$SECRET"] }
+  sensed: { kind: webhook, listen: 127.0.0.1:$PORT, path: /sensor }
+sinks:
+  out: { kind: null }
+  shown: { kind: log }
+routes:
+  - { from: [plain, gh], to: [out] }
+  - { from: [logged], to: [shown] }
+sensors:
+  s:
+    dependencies:
+      - name: order
+        source: sensed
+        filters:
+          data: [{ path: items.0.sku, type: string, value: ['^A-'] }]
+          exprs: [{ expr: 'qty >= 3 && sku != "B"', fields: [{ name: qty, path: items.0.qty }, { name: sku, path: items.0.sku }] }]
+    triggers:
+      - { name: fwd, sink: out, atLeastOnce: true }
+CFG
+"$SLUICE_BIN" run -c "$work/pgo.yaml" --threads 1 > /dev/null 2> "$work/sluice.err" &
+spid=$!
+wait_port $PORT
+phase() {
+  local name=$1 path=$2 out non
+  out=$(wrk -t1 -c32 -d"${PHASE}s" -s "$work/$name.lua" "http://127.0.0.1:$PORT$path" 2>&1)
+  non=$(awk '/Non-2xx/ {print $5}' <<<"$out")
+  echo "pgo: $name $(awk '/Requests\/sec/ {print $2}' <<<"$out") req/s, non-2xx ${non:-0}"
+  if [ -n "$non" ] && [ "$non" != 0 ]; then
+    echo "pgo: phase $name answered non-2xx; stopping (stderr: $work/sluice.err)" >&2
+    cat "$work/sluice.err" >&2
+    exit 1
+  fi
+}
+phase plain /plain
+phase keyed /plain
+phase binary /plain
+phase batch /plain
+phase log /log
+phase github /github
+phase sensor /sensor
+kill -TERM "$spid"; wait "$spid" || true
+
+"$PROFDATA" merge -o "$OUT/sluice.profdata" "$data"
+echo "pgo: profile $OUT/sluice.profdata ($(du -h "$OUT/sluice.profdata" | cut -f1))"
+[ "${TRAIN_ONLY:-0}" = 1 ] && exit 0
+
+echo "pgo: optimized build ($PROFILE)"
+# -pgso=false: code the training run never reached (the broker and cloud connectors) is
+# optimized for speed as in a plain build, not for size as LLVM does by default for code a
+# profile calls cold.
+RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$(realpath "$OUT/sluice.profdata") -Cllvm-args=-pgso=false" \
+  CARGO_TARGET_DIR=target/pgo-use cargo build --profile "$PROFILE" --locked --bin sluice "${features[@]}"
+cp "target/pgo-use/$PROFILE/sluice" "$OUT/sluice"
+echo "pgo: $OUT/sluice"
