@@ -8,6 +8,10 @@
 #   CACHE=1 ...   # also callgrind's cache and branch model: L1 instruction misses, L1 data read
 #                 # and write misses, mispredicted conditional and indirect branches per request
 #   KEEP=/tmp/cg ...   # keeps the profiles as /tmp/cg.bare and /tmp/cg.sluice (callgrind_annotate)
+#   SENSOR=1 ...  # two more rows, each request with a new Idempotency-Key: webhook → null and
+#                 # webhook → sensor → null in benches/sensor.sh's configuration (a data filter,
+#                 # an expr filter, a forwarding trigger with atLeastOnce); profiles .keyed, .sensor
+#   BARE=0 ...    # without the ceiling's row (no bare_hyper build needed)
 #
 # Without SLUICE_BIN / BARE_BIN both are built (release). Needs valgrind and wrk.
 set -euo pipefail
@@ -16,7 +20,7 @@ cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 if [ -z "${SLUICE_BIN:-}" ]; then cargo build --profile "$PROFILE" --bin sluice >/dev/null; SLUICE_BIN=$SLUICE_DEFAULT; fi
-BARE_BIN=${BARE_BIN:-$(bench_exe bare_hyper)}
+[ "${BARE:-1}" = 0 ] || BARE_BIN=${BARE_BIN:-$(bench_exe bare_hyper)}
 DURATION=${DURATION:-6s}
 PORT=18080
 work=$(mktemp -d)
@@ -31,10 +35,35 @@ sinks:
 routes:
   - { from: [hooks], to: [out] }
 YAML
+# benches/sensor.sh's sensor, on this script's port and path.
+sed '/^routes:/,$d' "$work/null.yaml" > "$work/sensor.yaml"
+cat >> "$work/sensor.yaml" <<'YAML'
+sensors:
+  s:
+    dependencies:
+      - name: order
+        source: hooks
+        filters:
+          data: [{ path: items.0.sku, type: string, value: ['^A-'] }]
+          exprs: [{ expr: 'qty >= 3 && sku != "B"', fields: [{ name: qty, path: items.0.qty }, { name: sku, path: items.0.sku }] }]
+    triggers:
+      - { name: fwd, sink: out, atLeastOnce: true }
+YAML
+cat > "$work/keyed.lua" <<LUA
+local f = io.open("$work/body.json", "rb"); local body = f:read("*a"); f:close()
+local run = tostring(os.time()) .. "-" .. tostring(math.random(1000000))
+local headers = {["Content-Type"] = "application/json"}
+local n = 0
+request = function()
+  n = n + 1
+  headers["Idempotency-Key"] = run .. "-" .. n
+  return wrk.format("POST", "/", headers, body)
+end
+LUA
 
 # count NAME SLUG CMD... → a table row: NAME, requests, non-2xx, instructions per request
 count() {
-  local name=$1 slug=$2; shift 2
+  local name=$1 slug=$2 lua=${LUA:-post}; shift 2
   local sim=""; [ "${CACHE:-0}" = 1 ] && sim="--cache-sim=yes --branch-sim=yes"
   RUST_LOG=warn valgrind --tool=callgrind $sim --instr-atstart=no --callgrind-out-file="$work/cg.$slug" "$@" >/dev/null 2>"$work/vg.$slug" &
   local pid=$!
@@ -43,7 +72,7 @@ count() {
   wait_port $PORT
   sleep 1
   callgrind_control -i on "$pid" >/dev/null 2>&1
-  local out; out=$(wrk -t1 -c32 -d"$DURATION" -s "$work/post.lua" "http://127.0.0.1:$PORT/" 2>&1)
+  local out; out=$(wrk -t1 -c32 -d"$DURATION" -s "$work/$lua.lua" "http://127.0.0.1:$PORT/" 2>&1)
   callgrind_control -i off "$pid" >/dev/null 2>&1
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   if [ -n "${KEEP:-}" ]; then cp "$work/cg.$slug" "$KEEP.$slug"; fi
@@ -70,5 +99,9 @@ else
   echo "| server | requests | non-2xx | instructions per request |"
   echo "|---|---|---|---|"
 fi
-count "bare hyper" bare "$BARE_BIN" --listen 127.0.0.1:$PORT --threads 1
+[ "${BARE:-1}" = 0 ] || count "bare hyper" bare "$BARE_BIN" --listen 127.0.0.1:$PORT --threads 1
 count "sluice webhook → null" sluice "$SLUICE_BIN" run -c "$work/null.yaml" --threads 1
+if [ "${SENSOR:-0}" = 1 ]; then
+  LUA=keyed count "sluice webhook → null, keyed" keyed "$SLUICE_BIN" run -c "$work/null.yaml" --threads 1
+  LUA=keyed count "sluice webhook → sensor → null, keyed" sensor "$SLUICE_BIN" run -c "$work/sensor.yaml" --threads 1
+fi
