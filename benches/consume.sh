@@ -75,8 +75,10 @@ target/release/examples/produce_loop --brokers "$BS" --topic bench --count "$COU
 if has B; then "$JSC" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --preload "$COUNT" --subject bench.in; fi
 
 ka_raw=""; ka_sl=""; js_raw=""; js_sl=""; rl_bound=""; rl_sl=""
+STEALS=""   # the host's steal % per round (rounds above STEAL_MAX are left out of the ratios)
 for r in $(seq 1 "$ROUNDS"); do
   tag="$(date +%s)-$r"
+  st0=$(steal_of); rt0=$(date +%s.%N)
   # A. Kafka → null (its raw consume rate is C's consume bound too)
   if has A || has C; then
   read -r kraw kraw_cpu kraw_b <<<"$(run_raw $mpid target/release/examples/consume_loop --brokers "$BS" --topic bench --group "raw-$tag" --count "$COUNT")"
@@ -91,7 +93,7 @@ routes:
 YAML
   read -r ksl ksl_cpu ksl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $mpid)"
   echo "round $r A: raw consume $kraw rec/s (loop $kraw_cpu %, mock $kraw_b %) | sluice kafka → null $ksl ev/s (sluice $ksl_cpu %, mock $ksl_b %)"
-  ka_raw+="$kraw "; ka_sl+="$ksl "
+  ka_raw+="${kraw:-0} "; ka_sl+="${ksl:-0} "
   fi
 
   # B. JetStream → null
@@ -108,7 +110,7 @@ routes:
 YAML
   read -r jsl jsl_cpu jsl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $npid)"
   echo "round $r B: raw pull+ack $jraw msg/s (loop $jraw_cpu %, nats $jraw_b %) | sluice jetstream → null $jsl ev/s (sluice $jsl_cpu %, nats $jsl_b %)"
-  js_raw+="$jraw "; js_sl+="$jsl "
+  js_raw+="${jraw:-0} "; js_sl+="${jsl:-0} "
   fi
 
   # C. Kafka → JetStream relay against the slower half.
@@ -126,9 +128,12 @@ YAML
   read -r rsl rsl_cpu rsl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="bus"}' $npid)"
   bound=$(python3 -c "print(min($kraw, $praw))")
   echo "round $r C: raw publish $praw msg/s (loop $praw_cpu %, nats $praw_b %), bound min(consume, publish) $bound | sluice kafka → jetstream $rsl ev/s (sluice $rsl_cpu %, nats $rsl_b %)"
-  rl_bound+="$bound "; rl_sl+="$rsl "
+  rl_bound+="${bound:-0} "; rl_sl+="${rsl:-0} "
   fi
+  st=$(steal_pct "$st0" "$(steal_of)" "$(python3 -c "import time; print(time.time() - $rt0)")")
+  echo "round $r: the host's steal $st % of all CPUs"
+  STEALS+="$st "
 done
-if has A; then echo "A kafka → null:        $(paired "$ka_raw" "$ka_sl")"; fi
-if has B; then echo "B jetstream → null:    $(paired "$js_raw" "$js_sl")"; fi
-if has C; then echo "C kafka → jetstream:   $(paired "$rl_bound" "$rl_sl")"; fi
+if has A; then echo "A kafka → null:        $(paired "$ka_raw" "$ka_sl" "events/s" "$STEALS")"; fi
+if has B; then echo "B jetstream → null:    $(paired "$js_raw" "$js_sl" "events/s" "$STEALS")"; fi
+if has C; then echo "C kafka → jetstream:   $(paired "$rl_bound" "$rl_sl" "events/s" "$STEALS")"; fi

@@ -42,12 +42,17 @@ YAML
 }
 
 ceil_all=""; bin_all=""; bat_all=""
+STEALS=""   # the host's steal % per round (rounds above STEAL_MAX are left out of the ratios)
 for r in $(seq 1 "$ROUNDS"); do
+  st0=$(steal_of); rt0=$(date +%s.%N)
   read -r ceil c_non c_p99 _ <<<"$(run_wrk $TARGET_PORT)"
   start_sluice binary $CONNS;  read -r bin b_non b_p99 _ <<<"$(run_wrk $PORT)"; kill -TERM $spid; wait $spid 2>/dev/null || true
   start_sluice batched ${BATCH_CONCURRENCY:-4}; read -r bat t_non t_p99 _ <<<"$(run_wrk $PORT)"; kill -TERM $spid; wait $spid 2>/dev/null || true
   ceil_all+="$ceil "; bin_all+="$bin "; bat_all+="$bat "
   echo "round $r: target alone $ceil req/s (p99 $c_p99) | webhook → http binary $bin events/s (p99 $b_p99, non-2xx $b_non) | webhook → http batched $bat events/s (p99 $t_p99, non-2xx $t_non)"
+  st=$(steal_pct "$st0" "$(steal_of)" "$(python3 -c "import time; print(time.time() - $rt0)")")
+  STEALS+="$st "
+  echo "round $r: the host's steal $st % of all CPUs"
 done
-echo -n "binary:  "; paired "$ceil_all" "$bin_all"
-echo -n "batched: "; paired "$ceil_all" "$bat_all"
+echo -n "binary:  "; paired "$ceil_all" "$bin_all" "events/s" "$STEALS"
+echo -n "batched: "; paired "$ceil_all" "$bat_all" "events/s" "$STEALS"

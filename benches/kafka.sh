@@ -45,12 +45,16 @@ YAML
 
 raw_all=""; sl_all=""
 start_sluice_on $PORT
+STEALS=""   # the host's steal % per round (rounds above STEAL_MAX are left out of the ratio)
 for r in $(seq 1 "$ROUNDS"); do
+  st0=$(steal_of); rt0=$(date +%s.%N)
   raw=$($SERVER_PIN target/release/examples/produce_loop --brokers "$BS" --topic bench --seconds "$DURATION" --window "$WINDOW")
   read -r rps non2xx _ <<<"$(run_wrk $PORT)"
   sl=$(python3 -c "print(round($rps * $BATCH))")
   raw_all+="$raw "; sl_all+="$sl "
-  echo "round $r: raw produce $raw msg/s, sluice webhook → Kafka $sl events/s ($rps req/s × $BATCH; non-2xx: $non2xx)"
+  st=$(steal_pct "$st0" "$(steal_of)" "$(python3 -c "import time; print(time.time() - $rt0)")")
+  STEALS+="$st "
+  echo "round $r: raw produce $raw msg/s, sluice webhook → Kafka $sl events/s ($rps req/s × $BATCH; non-2xx: $non2xx); the host's steal $st %"
 done
 kill -TERM $spid; wait $spid 2>/dev/null || true
-paired "$raw_all" "$sl_all"
+paired "$raw_all" "$sl_all" "events/s" "$STEALS"

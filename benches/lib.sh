@@ -76,16 +76,23 @@ LUA
   fi
 }
 
-# Prints the median of the paired ratios of two space-separated lists (ours, ceiling).
+# Prints the median of the paired ratios of two space-separated lists (ceiling, ours), one
+# entry per round. A round with a rate of 0 on either side (the script recorded 0 for a rate it
+# could not take) is left out and counted in the note.
 paired() {
   python3 - "$1" "$2" "${3:-events/s}" "${4:-}" "$STEAL_MAX" <<'PY'
 import sys
 ceil = [float(x) for x in sys.argv[1].split()]; ours = [float(x) for x in sys.argv[2].split()]
+if len(ceil) != len(ours):
+    sys.exit(f"paired: {len(ceil)} ceiling rates but {len(ours)} of ours: a round lost its rate")
 med = lambda v: sorted(v)[len(v)//2] if len(v) % 2 else sum(sorted(v)[len(v)//2-1:len(v)//2+1]) / 2
 # $4: the host's steal % per round (optional); rounds above STEAL_MAX are left out.
 steal = [float(x) for x in sys.argv[4].split()] or [0.0] * len(ceil)
-keep = [i for i, st in enumerate(steal) if st <= float(sys.argv[5]) and i < len(ceil) and i < len(ours)]
+keep = [i for i, st in enumerate(steal) if st <= float(sys.argv[5]) and i < len(ceil) and ceil[i] > 0 and ours[i] > 0]
+missing = sum(1 for i in range(len(ceil)) if ceil[i] <= 0 or ours[i] <= 0)
 note = f" ({len(keep)} of {len(ceil)} rounds: steal ≤ {sys.argv[5]} %)" if sys.argv[4] else ""
+if missing:
+    note += f" ({missing} round(s) without a rate left out)"
 if not keep:
     print(f"no round with steal ≤ {sys.argv[5]} % (steal per round: {sys.argv[4]}): no ratio")
 else:

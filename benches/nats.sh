@@ -54,7 +54,9 @@ YAML
 
 raw_all=""; sl_all=""; comb_all=""
 start_sluice_on $PORT
+STEALS=""   # the host's steal % per round (rounds above STEAL_MAX are left out of the ratios)
 for r in $(seq 1 "$ROUNDS"); do
+  st0=$(steal_of); rt0=$(date +%s.%N)
   # CPU (% of one core) next to every rate: the loop or Sluice, nats-server, wrk.
   n0=$(cpu_of $npid)
   raw=$($SERVER_PIN /usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$RAW" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --subject bench.raw --seconds "$DURATION" --window "$WINDOW")
@@ -75,7 +77,10 @@ for r in $(seq 1 "$ROUNDS"); do
   raw_all+="$raw "; sl_all+="$sl "; comb_all+="$comb "
   echo "round $r: raw publish $raw msg/s, webhook ceiling $brps req/s, combined bound $comb events/s, sluice webhook → JetStream $sl events/s ($rps req/s × $BATCH; non-2xx: $non2xx)"
   echo "         $cpu; webhook ceiling $(cpu_pct $b0 $b1 "$DURATION") % with wrk $bwrk_cpu %"
+  st=$(steal_pct "$st0" "$(steal_of)" "$(python3 -c "import time; print(time.time() - $rt0)")")
+  STEALS+="$st "
+  echo "round $r: the host's steal $st % of all CPUs"
 done
 kill -TERM $spid; wait $spid 2>/dev/null || true
-echo "against the publish ceiling:"; paired "$raw_all" "$sl_all"
-echo "against the combined bound:"; paired "$comb_all" "$sl_all"
+echo "against the publish ceiling:"; paired "$raw_all" "$sl_all" "events/s" "$STEALS"
+echo "against the combined bound:"; paired "$comb_all" "$sl_all" "events/s" "$STEALS"

@@ -42,7 +42,9 @@ wait_port $MOTO_PORT
 URL=http://127.0.0.1:$MOTO_PORT
 
 raw_rates=""; sl_rates=""
+STEALS=""   # the host's steal % per round (rounds above STEAL_MAX are left out of the ratios)
 for r in $(seq 1 "$ROUNDS"); do
+  st0=$(steal_of); rt0=$(date +%s.%N)
   "$LOOP" fill --url "$URL" --queue bench --count "$COUNT" 2>/dev/null
   read -r raw raw_calls raw_cpu raw_b <<<"$(run_raw $mpid "$LOOP" drain --url "$URL" --queue bench --count "$COUNT" --concurrency "$RAW_CONCURRENCY" | tr '\n' ' ')"
   "$LOOP" fill --url "$URL" --queue bench --count "$COUNT" 2>/dev/null
@@ -99,5 +101,8 @@ PY
   read -r sl sl_calls sl_cpu sl_b <<<"$out"
   echo "round $r: raw receive+delete $raw msg/s, $raw_calls calls/msg (loop $raw_cpu %, server $raw_b %) | sluice sqs → null $sl ev/s, $sl_calls calls/msg (sluice $sl_cpu %, server $sl_b %)"
   raw_rates+="$raw "; sl_rates+="$sl "
+  st=$(steal_pct "$st0" "$(steal_of)" "$(python3 -c "import time; print(time.time() - $rt0)")")
+  STEALS+="$st "
+  echo "round $r: the host's steal $st % of all CPUs"
 done
-paired "$raw_rates" "$sl_rates" "msg/s"
+paired "$raw_rates" "$sl_rates" "msg/s" "$STEALS"
