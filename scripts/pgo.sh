@@ -11,6 +11,13 @@
 # without an id header, CloudEvents in binary mode and as batches, a GitHub delivery with its
 # signature, the log sink and a Sensor with a data and an expr filter. Each phase must answer
 # 2xx to every request, or the script fails (a profile of error paths would misguide the build).
+# A build with the Kafka connector (all features, or FEATURES naming kafka) also trains it
+# against librdkafka's mock cluster, a process of its own (nothing to install, so this runs in a
+# container build too): the source reads KAFKA_COUNT preloaded 1 KiB records (default 100 000,
+# at most 128 000: the mock keeps 5 MiB per partition, 64 partitions, and the sink's records go
+# to the same topic) into the null sink, and webhook requests go to the Kafka sink (its records,
+# CloudEvents in binary mode, are read back by the source). Every record must reach the null
+# sink.
 # Needs wrk (installed if missing) and llvm-profdata (rustup component llvm-tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +41,10 @@ fi
 
 features=()
 [ -n "$FEATURES" ] && features=(--no-default-features --features "$FEATURES")
+KAFKA=0
+if [ -z "$FEATURES" ] || [[ ",$FEATURES," == *,kafka,* ]]; then KAFKA=1; fi
+KAFKA_COUNT=${KAFKA_COUNT:-100000}
+[ "$KAFKA_COUNT" -le 128000 ] || { echo "pgo: KAFKA_COUNT must be at most 128000 (the mock keeps 5 MiB per partition)" >&2; exit 2; }
 data=${PGO_DATA:-$(realpath -m "$OUT/data")}   # TRAIN_ONLY: where the binary was built to write
 mkdir -p "$OUT"
 
@@ -83,6 +94,30 @@ lua log /log
 lua github /github 'headers["X-GitHub-Event"] = "push"; headers["X-Hub-Signature-256"] = "'"$sig"'"' \
   'headers["X-GitHub-Delivery"] = "g-" .. n'
 lua sensor /sensor "" 'headers["Idempotency-Key"] = "s-" .. n'
+lua kafka /kafka "" 'headers["Idempotency-Key"] = "k-" .. n'
+
+kafka_sources="" kafka_sinks="" kafka_routes=""
+if [ "$KAFKA" = 1 ]; then
+  # The mock cluster and the preload tool are plain builds (their profiles would not count).
+  echo "pgo: the Kafka mock cluster and preload tool (plain release build)"
+  cargo build --release --locked -p sluice-kafka --examples
+  mkfifo "$work/hold"
+  target/release/examples/mock_cluster --brokers 1 --topic pgo --partitions 64 <"$work/hold" >"$work/bootstrap" 2>"$work/mock.err" &
+  exec 3>"$work/hold"
+  for _ in $(seq 1 100); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
+  BS=$(head -1 "$work/bootstrap")
+  [ -n "$BS" ] || { echo "pgo: the mock cluster did not start: $(cat "$work/mock.err")" >&2; exit 1; }
+  target/release/examples/produce_loop --brokers "$BS" --topic pgo --count "$KAFKA_COUNT" --partitions 64 --window 10000 >/dev/null
+  kafka_sources="
+  fromkafka: { kind: kafka, brokers: \"$BS\", topics: [pgo], group: pgo, max_in_flight: 10000 }
+  kafkahook: { kind: webhook, listen: 127.0.0.1:$PORT, path: /kafka }"
+  kafka_sinks="
+  tokafka: { kind: kafka, brokers: \"$BS\", topic: pgo }
+  drained: { kind: null }"
+  kafka_routes="
+  - { from: [fromkafka], to: [drained] }
+  - { from: [kafkahook], to: [tokafka] }"
+fi
 
 cat > "$work/pgo.yaml" <<CFG
 admin: { listen: 127.0.0.1:$ADMIN }
@@ -90,13 +125,13 @@ sources:
   plain: { kind: webhook, listen: 127.0.0.1:$PORT, path: /plain }
   logged: { kind: webhook, listen: 127.0.0.1:$PORT, path: /log }
   gh: { kind: github, listen: 127.0.0.1:$PORT, path: /github, secrets: ["$SECRET"] }
-  sensed: { kind: webhook, listen: 127.0.0.1:$PORT, path: /sensor }
+  sensed: { kind: webhook, listen: 127.0.0.1:$PORT, path: /sensor }$kafka_sources
 sinks:
   out: { kind: null }
-  shown: { kind: log }
+  shown: { kind: log }$kafka_sinks
 routes:
   - { from: [plain, gh], to: [out] }
-  - { from: [logged], to: [shown] }
+  - { from: [logged], to: [shown] }$kafka_routes
 sensors:
   s:
     dependencies:
@@ -132,6 +167,23 @@ phase batch
 phase log
 phase github
 phase sensor
+if [ "$KAFKA" = 1 ]; then
+  phase kafka
+  # The source must have read every preloaded record and every record the sink wrote.
+  want=$((KAFKA_COUNT + $(curl -s "127.0.0.1:$ADMIN/metrics" | awk '/^sluice_events_delivered_total\{.*sink="tokafka"/ {s+=$2} END {printf "%d", s}')))
+  got=0
+  for _ in $(seq 1 600); do
+    got=$(curl -s "127.0.0.1:$ADMIN/metrics" | awk '/^sluice_events_delivered_total\{.*sink="drained"/ {s+=$2} END {printf "%d", s}')
+    [ "$got" -ge "$want" ] && break
+    sleep 0.1
+  done
+  echo "pgo: kafka source → null: $got of $want records"
+  if [ "$got" -lt "$want" ]; then
+    echo "pgo: the Kafka source read $got of $want records in a minute; the daemon's stderr follows" >&2
+    cat "$work/sluice.err" >&2
+    exit 1
+  fi
+fi
 kill -TERM "$spid"; wait "$spid" || true
 
 "$PROFDATA" merge -o "$OUT/sluice.profdata" "$data"
