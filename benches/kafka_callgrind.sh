@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Instructions per event of Kafka → null under callgrind: each daemon reads COUNT preloaded
+# 1 KiB records (librdkafka's mock cluster, 64 partitions) with a new consumer group into the
+# null sink. The whole process is counted, start-up and librdkafka's threads included (start-up
+# is a few percent at COUNT=100000). Counts, unlike rates, repeat to within a percent or two,
+# so they show what a change to the Kafka source or the pipeline saves; benches/consume.sh
+# measures the rate.
+#
+#   benches/kafka_callgrind.sh                          # the daemon built here (release)
+#   COUNT=100000 benches/kafka_callgrind.sh BIN...      # prebuilt daemons, in this order
+#   KEEP=/tmp/kcg ...                                   # keeps the profiles as /tmp/kcg.1, .2, …
+#
+# Needs valgrind (installed if missing). A daemon under callgrind runs about 50 times slower:
+# 100 000 records take a minute or two.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. benches/lib.sh
+command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
+COUNT=${COUNT:-100000}
+PARTITIONS=64
+[ "$COUNT" -le $((PARTITIONS * 4000)) ] || { echo "COUNT must be at most $((PARTITIONS * 4000)) (the mock keeps 5 MiB per partition)" >&2; exit 2; }
+ADMIN=17783
+bins=("$@")
+if [ ${#bins[@]} = 0 ]; then
+  cargo build --profile "$PROFILE" --bin sluice >/dev/null
+  bins=("$SLUICE_DEFAULT")
+fi
+cargo build --release -p sluice-kafka --examples >/dev/null
+
+work=$(mktemp -d)
+trap 'exec 3>&- 2>/dev/null; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+mkfifo "$work/hold"
+target/release/examples/mock_cluster --brokers 1 --topic bench --partitions $PARTITIONS <"$work/hold" >"$work/bootstrap" 2>"$work/mock.err" &
+exec 3>"$work/hold"
+for _ in $(seq 1 100); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
+BS=$(head -1 "$work/bootstrap")
+target/release/examples/produce_loop --brokers "$BS" --topic bench --count "$COUNT" --partitions $PARTITIONS --window 10000 >/dev/null
+
+delivered() {
+  curl -s "127.0.0.1:$ADMIN/metrics" | awk '/^sluice_events_delivered_total\{sink="out"\}/ {printf "%d", $2}'
+}
+echo "| daemon | events | instructions per event |"
+echo "|---|---|---|"
+i=0
+for bin in "${bins[@]}"; do
+  i=$((i + 1))
+  cat > "$work/sluice.yaml" <<YAML
+admin: { listen: 127.0.0.1:$ADMIN }
+sources:
+  orders: { kind: kafka, brokers: "$BS", topics: [bench], group: "cg-$i-$(date +%s%N)", max_in_flight: 10000 }
+sinks:
+  out: { kind: "null" }
+routes:
+  - { from: [orders], to: [out] }
+YAML
+  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$work/cg.$i" "$bin" run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/vg.$i" &
+  pid=$!
+  # Scraped every 2 s: a scrape under callgrind costs instructions of its own.
+  got=0
+  for _ in $(seq 1 600); do
+    got=$(delivered || true)
+    [ "${got:-0}" -ge "$COUNT" ] && break
+    sleep 2
+  done
+  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  if [ "${got:-0}" -lt "$COUNT" ]; then
+    echo "$bin: delivered ${got:-0} of $COUNT in 20 minutes; valgrind said:" >&2
+    tail -5 "$work/vg.$i" >&2
+    exit 1
+  fi
+  [ -n "${KEEP:-}" ] && cp "$work/cg.$i" "$KEEP.$i"
+  ir=$(callgrind_annotate "$work/cg.$i" 2>/dev/null | awk '/PROGRAM TOTALS/ && !d {gsub(",","",$1); print $1; d=1}')
+  echo "| $bin | $got | $((ir / got)) |"
+done
