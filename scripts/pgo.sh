@@ -185,6 +185,8 @@ if [ "$KAFKA" = 1 ]; then
   fi
 fi
 kill -TERM "$spid"; wait "$spid" || true
+# The mock cluster ends when its standard input does.
+if [ "$KAFKA" = 1 ]; then exec 3>&-; fi
 
 "$PROFDATA" merge -o "$OUT/sluice.profdata" "$data"
 echo "pgo: profile $OUT/sluice.profdata ($(du -h "$OUT/sluice.profdata" | cut -f1))"
