@@ -544,3 +544,54 @@ async fn a_full_partition_parks_its_records_in_order_and_skips_invalid_ones() {
         1.0
     );
 }
+
+/// A backlog over several partitions is taken in batches of interleaved records and split into
+/// one unit per run of a partition's records: every record arrives once, each partition's in
+/// its order, and the commits reach the end of every partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_over_partitions_arrives_once_in_each_partitions_order() {
+    let c = cluster();
+    let bs = c.bootstrap_servers();
+    const P: i32 = 5;
+    const N: usize = 3_000;
+    c.create_topic("runs", P, 1).unwrap();
+    produce(&bs, "runs", P, N, 0).await;
+    let mut rig = SourceRig::new("k-runs");
+    let _t = start(
+        "k-runs",
+        serde_json::json!({"brokers": bs, "topics": ["runs"], "group": "g-runs"}),
+        &mut rig,
+    )
+    .await;
+    let got = rig.capture().auto(Status::Delivered).wait_for(N).await;
+    assert_eq!(got.len(), N, "every record once");
+    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+    for e in &got {
+        // The plain record's id: `<topic>-<partition>-<offset>`.
+        let mut parts = e.id.rsplitn(3, '-');
+        let offset: i64 = parts.next().unwrap().parse().unwrap();
+        let partition: i32 = parts.next().unwrap().parse().unwrap();
+        let want = next.entry(partition).or_insert(0);
+        assert_eq!(
+            offset, *want,
+            "partition {partition} out of order at {}",
+            e.id
+        );
+        *want += 1;
+        // Record i went to partition i % P as its (i / P)th record.
+        let i: usize = serde_json::from_slice::<serde_json::Value>(e.data.as_bytes().unwrap())
+            .unwrap()["i"]
+            .as_u64()
+            .unwrap() as usize;
+        assert_eq!(
+            (i % P as usize, i / P as usize),
+            (partition as usize, offset as usize)
+        );
+    }
+    let per = (N / P as usize) as i64;
+    assert_eq!(
+        next.values().copied().collect::<Vec<_>>(),
+        vec![per; P as usize]
+    );
+    wait_committed(&bs, "g-runs", "runs", &vec![per; P as usize]).await;
+}
