@@ -17,6 +17,43 @@ wait_port() {
   echo "nothing listens on port $1" >&2; return 1
 }
 
+# Writes the wrk script $1: POST the body in file $2 to path $3 as application/json, each request
+# with an Idempotency-Key no earlier request had (a prefix from LOAD_RUN, else the clock and a
+# random number, then a counter), so that every request is a new event to the dedup window.
+keyed_lua() {
+  cat > "$1" <<LUA
+local f = io.open("$2", "rb"); local body = f:read("*a"); f:close()
+local run = os.getenv("LOAD_RUN") or (tostring(os.time()) .. "-" .. tostring(math.random(1000000)))
+local headers = {["Content-Type"] = "application/json"}
+local n = 0
+request = function()
+  n = n + 1
+  headers["Idempotency-Key"] = run .. "-" .. n
+  return wrk.format("POST", "$3", headers, body)
+end
+LUA
+}
+
+# Prints the Sensor of #16's end-to-end benchmark as a top-level `sensors:` block: it reads
+# source $1 and forwards to sink $2 (one dependency with a data filter and an expr filter over
+# make_load's body, both of which pass, and a trigger with atLeastOnce, so a request is answered
+# after the sink took its event). benches/sensor.sh, benches/webhook_callgrind.sh and
+# scripts/pgo.sh run this one.
+bench_sensor() {
+  cat <<YAML
+sensors:
+  s:
+    dependencies:
+      - name: order
+        source: $1
+        filters:
+          data: [{ path: items.0.sku, type: string, value: ['^A-'] }]
+          exprs: [{ expr: 'qty >= 3 && sku != "B"', fields: [{ name: qty, path: items.0.qty }, { name: sku, path: items.0.sku }] }]
+    triggers:
+      - { name: fwd, sink: $2, atLeastOnce: true }
+YAML
+}
+
 # Writes $1/body.json (a 1 KiB JSON order) and $1/post.lua (wrk: POST it as application/json).
 # With $2 = N > 1, the body is a CloudEvents batch of N 1 KiB events instead.
 make_load() {

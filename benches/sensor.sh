@@ -25,17 +25,7 @@ prepare
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 make_load "$work"
-cat > "$work/hook.lua" <<LUA
-local f = io.open("$work/body.json", "rb"); local body = f:read("*a"); f:close()
-local run = os.getenv("LOAD_RUN") or tostring(os.time())
-local headers = {["Content-Type"] = "application/json"}
-local n = 0
-request = function()
-  n = n + 1
-  headers["Idempotency-Key"] = run .. "-" .. n
-  return wrk.format("POST", "/hook", headers, body)
-end
-LUA
+keyed_lua "$work/hook.lua" "$work/body.json" /hook
 
 QUOTA=${QUOTA:-}
 quota_setup
@@ -45,16 +35,7 @@ start() {
     wiring="routes:
   - { from: [hooks], to: [out] }"
   else
-    wiring="sensors:
-  s:
-    dependencies:
-      - name: order
-        source: hooks
-        filters:
-          data: [{ path: items.0.sku, type: string, value: ['^A-'] }]
-          exprs: [{ expr: 'qty >= 3 && sku != \"B\"', fields: [{ name: qty, path: items.0.qty }, { name: sku, path: items.0.sku }] }]
-    triggers:
-      - { name: fwd, sink: out, atLeastOnce: true }"
+    wiring=$(bench_sensor hooks out)
   fi
   cat > "$work/sluice.yaml" <<CFG
 admin: { listen: 127.0.0.1:$ADMIN }

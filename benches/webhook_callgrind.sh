@@ -37,29 +37,8 @@ routes:
 YAML
 # benches/sensor.sh's sensor, on this script's port and path.
 sed '/^routes:/,$d' "$work/null.yaml" > "$work/sensor.yaml"
-cat >> "$work/sensor.yaml" <<'YAML'
-sensors:
-  s:
-    dependencies:
-      - name: order
-        source: hooks
-        filters:
-          data: [{ path: items.0.sku, type: string, value: ['^A-'] }]
-          exprs: [{ expr: 'qty >= 3 && sku != "B"', fields: [{ name: qty, path: items.0.qty }, { name: sku, path: items.0.sku }] }]
-    triggers:
-      - { name: fwd, sink: out, atLeastOnce: true }
-YAML
-cat > "$work/keyed.lua" <<LUA
-local f = io.open("$work/body.json", "rb"); local body = f:read("*a"); f:close()
-local run = tostring(os.time()) .. "-" .. tostring(math.random(1000000))
-local headers = {["Content-Type"] = "application/json"}
-local n = 0
-request = function()
-  n = n + 1
-  headers["Idempotency-Key"] = run .. "-" .. n
-  return wrk.format("POST", "/", headers, body)
-end
-LUA
+bench_sensor hooks out >> "$work/sensor.yaml"
+keyed_lua "$work/keyed.lua" "$work/body.json" /
 
 # count NAME SLUG CMD... → a table row: NAME, requests, non-2xx, instructions per request
 count() {

@@ -132,16 +132,7 @@ sinks:
 routes:
   - { from: [plain, gh], to: [out] }
   - { from: [logged], to: [shown] }$kafka_routes
-sensors:
-  s:
-    dependencies:
-      - name: order
-        source: sensed
-        filters:
-          data: [{ path: items.0.sku, type: string, value: ['^A-'] }]
-          exprs: [{ expr: 'qty >= 3 && sku != "B"', fields: [{ name: qty, path: items.0.qty }, { name: sku, path: items.0.sku }] }]
-    triggers:
-      - { name: fwd, sink: out, atLeastOnce: true }
+$(bench_sensor sensed out)
 CFG
 "$SLUICE_BIN" run -c "$work/pgo.yaml" --threads 1 > /dev/null 2> "$work/sluice.err" &
 spid=$!
