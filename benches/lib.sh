@@ -18,17 +18,19 @@ wait_port() {
 }
 
 # Writes the wrk script $1: POST the body in file $2 to path $3 as application/json, each request
-# with an Idempotency-Key no earlier request had (a prefix from LOAD_RUN, else the clock and a
-# random number, then a counter), so that every request is a new event to the dedup window.
+# with an id no earlier request had (a prefix from LOAD_RUN, else the clock and a random number,
+# then a counter) in header $4 (default Idempotency-Key), so that every request is a new event
+# to the dedup window. $5: Lua run once before the first request (fixed headers).
 keyed_lua() {
   cat > "$1" <<LUA
 local f = io.open("$2", "rb"); local body = f:read("*a"); f:close()
 local run = os.getenv("LOAD_RUN") or (tostring(os.time()) .. "-" .. tostring(math.random(1000000)))
 local headers = {["Content-Type"] = "application/json"}
+${5:-}
 local n = 0
 request = function()
   n = n + 1
-  headers["Idempotency-Key"] = run .. "-" .. n
+  headers["${4:-Idempotency-Key}"] = run .. "-" .. n
   return wrk.format("POST", "$3", headers, body)
 end
 LUA

@@ -37,18 +37,7 @@ for kind in webhook github; do
     idh="X-GitHub-Delivery"
     extra="headers[\"X-GitHub-Event\"] = \"push\"; headers[\"X-Hub-Signature-256\"] = \"$SIG\""
   fi
-  cat > "$work/$kind.lua" <<LUA
-local f = io.open("$work/body.json", "rb"); local body = f:read("*a"); f:close()
-local run = os.getenv("LOAD_RUN") or tostring(os.time())
-local headers = {["Content-Type"] = "application/json"}
-$extra
-local n = 0
-request = function()
-  n = n + 1
-  headers["$idh"] = run .. "-" .. n
-  return wrk.format("POST", "/hook", headers, body)
-end
-LUA
+  keyed_lua "$work/$kind.lua" "$work/body.json" /hook "$idh" "$extra"
 done
 
 QUOTA=${QUOTA:-}
