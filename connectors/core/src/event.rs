@@ -464,6 +464,10 @@ pub fn repeats<T>(items: &[T], name: impl Fn(&T) -> &str) -> Vec<usize> {
 /// Drops every item whose name an earlier item has (the first one counts), in linear or
 /// n log n time ([`repeats`]).
 pub fn keep_first_of_each_name<T>(items: &mut Vec<T>, name: impl Fn(&T) -> &str) {
+    // One item or none (a Kafka record's key alone, say) repeats nothing.
+    if items.len() < 2 {
+        return;
+    }
     let drop = repeats(items, name);
     if drop.is_empty() {
         return;
