@@ -184,7 +184,7 @@ echo "pgo: profile $OUT/sluice.profdata ($(du -h "$OUT/sluice.profdata" | cut -f
 [ "${TRAIN_ONLY:-0}" = 1 ] && exit 0
 
 echo "pgo: optimized build ($PROFILE)"
-# -pgso=false: code the training run never reached (the broker and cloud connectors) is
+# -pgso=false: code the training run never reached (the other broker and the cloud connectors) is
 # optimized for speed as in a plain build, not for size as LLVM does by default for code a
 # profile calls cold.
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$(realpath "$OUT/sluice.profdata") -Cllvm-args=-pgso=false" \
