@@ -82,15 +82,7 @@ for r in $(seq 1 "$ROUNDS"); do
   # A. Kafka → null (its raw consume rate is C's consume bound too)
   if has A || has C; then
   read -r kraw kraw_cpu kraw_b <<<"$(run_raw $mpid target/release/examples/consume_loop --brokers "$BS" --topic bench --group "raw-$tag" --count "$COUNT")"
-  cat > "$work/sluice.yaml" <<YAML
-admin: { listen: 127.0.0.1:$ADMIN }
-sources:
-  orders: { kind: kafka, brokers: "$BS", topics: [bench], group: "sl-$tag", max_in_flight: 10000 }
-sinks:
-  out: { kind: "null" }
-routes:
-  - { from: [orders], to: [out] }
-YAML
+  kafka_null_config "$BS" "sl-$tag"
   read -r ksl ksl_cpu ksl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $mpid)"
   echo "round $r A: raw consume $kraw rec/s (loop $kraw_cpu %, mock $kraw_b %) | sluice kafka → null $ksl ev/s (sluice $ksl_cpu %, mock $ksl_b %)"
   ka_raw+="${kraw:-0} "; ka_sl+="${ksl:-0} "

@@ -44,15 +44,7 @@ echo "|---|---|---|"
 i=0
 for bin in "${bins[@]}"; do
   i=$((i + 1))
-  cat > "$work/sluice.yaml" <<YAML
-admin: { listen: 127.0.0.1:$ADMIN }
-sources:
-  orders: { kind: kafka, brokers: "$BS", topics: [bench], group: "cg-$i-$(date +%s%N)", max_in_flight: 10000 }
-sinks:
-  out: { kind: "null" }
-routes:
-  - { from: [orders], to: [out] }
-YAML
+  kafka_null_config "$BS" "cg-$i-$(date +%s%N)"
   RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$work/cg.$i" "$bin" run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/vg.$i" &
   pid=$!
   # Scraped every 2 s: a scrape under callgrind costs instructions of its own.

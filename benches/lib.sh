@@ -56,6 +56,21 @@ sensors:
 YAML
 }
 
+# Writes the daemon config $work/sluice.yaml for Kafka → null: the admin server on port $ADMIN,
+# a Kafka source reading topic `bench` from brokers $1 with consumer group $2 (window 10 000),
+# and the null sink `out` (its delivered count: sluice_events_delivered_total{sink="out"}).
+kafka_null_config() {
+  cat > "$work/sluice.yaml" <<YAML
+admin: { listen: 127.0.0.1:$ADMIN }
+sources:
+  orders: { kind: kafka, brokers: "$1", topics: [bench], group: "$2", max_in_flight: 10000 }
+sinks:
+  out: { kind: "null" }
+routes:
+  - { from: [orders], to: [out] }
+YAML
+}
+
 # Writes $1/body.json (a 1 KiB JSON order) and $1/post.lua (wrk: POST it as application/json).
 # With $2 = N > 1, the body is a CloudEvents batch of N 1 KiB events instead.
 make_load() {
@@ -123,7 +138,8 @@ paired() {
 import sys
 ceil = [float(x) for x in sys.argv[1].split()]; ours = [float(x) for x in sys.argv[2].split()]
 if len(ceil) != len(ours):
-    sys.exit(f"paired: {len(ceil)} ceiling rates but {len(ours)} of ours: a round lost its rate")
+    sys.exit(f"paired: {len(ceil)} ceiling rates but {len(ours)} of ours: a round lost its rate "
+             "(its line above shows which); record 0 for a rate that could not be taken")
 med = lambda v: sorted(v)[len(v)//2] if len(v) % 2 else sum(sorted(v)[len(v)//2-1:len(v)//2+1]) / 2
 # $4: the host's steal % per round (optional); rounds above STEAL_MAX are left out.
 steal = [float(x) for x in sys.argv[4].split()] or [0.0] * len(ceil)
@@ -133,7 +149,7 @@ note = f" ({len(keep)} of {len(ceil)} rounds: steal ≤ {sys.argv[5]} %)" if sys
 if missing:
     note += f" ({missing} round(s) without a rate left out)"
 if not keep:
-    print(f"no round with steal ≤ {sys.argv[5]} % (steal per round: {sys.argv[4]}): no ratio")
+    print(f"no round with a rate on both sides and steal ≤ {sys.argv[5]} % (steal per round: {sys.argv[4] or 'not taken'}; rounds without a rate: {missing}): no ratio")
 else:
     c = [ceil[i] for i in keep]; o = [ours[i] for i in keep]
     print(f"median ceiling {med(c):.0f} {sys.argv[3]}, median sluice {med(o):.0f} {sys.argv[3]}, paired ratio {100*med([x/y for x, y in zip(o, c)]):.0f} %{note}")
