@@ -308,11 +308,11 @@ fn slice_of(input: &Bytes, part: &[u8]) -> Bytes {
 pub fn encode_event_into(event: &Event, out: &mut Vec<u8>) {
     out.reserve(event.approx_size() + 64);
     out.extend_from_slice(b"{\"specversion\":\"1.0\",\"id\":");
-    write_str(out, &event.id);
+    write_json_str(out, &event.id);
     out.extend_from_slice(b",\"source\":");
-    write_str(out, &event.source);
+    write_json_str(out, &event.source);
     out.extend_from_slice(b",\"type\":");
-    write_str(out, &event.ty);
+    write_json_str(out, &event.ty);
     let optional = [
         ("datacontenttype", event.datacontenttype.as_deref()),
         ("dataschema", event.dataschema.as_deref()),
@@ -324,7 +324,7 @@ pub fn encode_event_into(event: &Event, out: &mut Vec<u8>) {
             out.extend_from_slice(b",\"");
             out.extend_from_slice(name.as_bytes());
             out.extend_from_slice(b"\":");
-            write_str(out, v);
+            write_json_str(out, v);
         }
     }
     for (name, value) in &event.extensions {
@@ -332,7 +332,7 @@ pub fn encode_event_into(event: &Event, out: &mut Vec<u8>) {
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(b"\":");
         match value {
-            ExtValue::String(s) => write_str(out, s),
+            ExtValue::String(s) => write_json_str(out, s),
             ExtValue::Integer(i) => out.extend_from_slice(i.to_string().as_bytes()),
             ExtValue::Boolean(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         }
@@ -347,7 +347,7 @@ pub fn encode_event_into(event: &Event, out: &mut Vec<u8>) {
         Data::Json(bytes) | Data::Binary(bytes) => match std::str::from_utf8(bytes) {
             Ok(text) if ct.is_some_and(is_textual_media_type) => {
                 out.extend_from_slice(b",\"data\":");
-                write_str(out, text);
+                write_json_str(out, text);
             }
             _ => {
                 out.extend_from_slice(b",\"data_base64\":\"");
@@ -400,14 +400,110 @@ fn is_textual_media_type(ct: &str) -> bool {
         || essence == "application/x-www-form-urlencoded"
 }
 
-fn write_str(out: &mut Vec<u8>, s: &str) {
-    // serde_json's string escaper writes straight into the buffer; it cannot fail on a Vec.
-    let _ = serde_json::to_writer(&mut *out, s);
+/// Appends `s` as a JSON string, escaped exactly as serde_json escapes it. The text is read
+/// in blocks of 32 bytes: a block with nothing to escape (no `"`, `\` or control character) is
+/// passed over in one step and copied with its neighbours in one run; only a block that holds
+/// such a byte is read byte by byte, and each escape is written by serde_json's formatter.
+/// serde_json's own escaper reads every byte through a table (about 9 instructions per byte: a
+/// third of what a Redis stream entry of a KiB of JSON text cost).
+pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    let b = s.as_bytes();
+    out.reserve(b.len() + 2);
+    out.push(b'"');
+    // `b[run..]` is not written yet.
+    let mut run = 0;
+    let mut escape_block = |out: &mut Vec<u8>, at: usize, block: &[u8]| {
+        for (j, &x) in block.iter().enumerate() {
+            if needs_escape(x) {
+                out.extend_from_slice(&b[run..at + j]);
+                write_escape(out, x);
+                run = at + j + 1;
+            }
+        }
+    };
+    let mut blocks = b.chunks_exact(32);
+    let mut at = 0;
+    for block in &mut blocks {
+        // Folded without an exit inside, which the compiler turns into vector compares.
+        if block
+            .iter()
+            .fold(0, |acc, &x| acc | u8::from(needs_escape(x)))
+            != 0
+        {
+            escape_block(out, at, block);
+        }
+        at += 32;
+    }
+    escape_block(out, at, blocks.remainder());
+    out.extend_from_slice(&b[run..]);
+    out.push(b'"');
+}
+
+/// Whether serde_json escapes `x` in a string: `"`, `\` and the bytes below 0x20.
+fn needs_escape(x: u8) -> bool {
+    x < 0x20 || x == b'"' || x == b'\\'
+}
+
+fn write_escape(out: &mut Vec<u8>, x: u8) {
+    use serde_json::ser::{CharEscape, CompactFormatter, Formatter};
+    let escape = match x {
+        b'"' => CharEscape::Quote,
+        b'\\' => CharEscape::ReverseSolidus,
+        0x08 => CharEscape::Backspace,
+        0x0c => CharEscape::FormFeed,
+        b'\n' => CharEscape::LineFeed,
+        b'\r' => CharEscape::CarriageReturn,
+        b'\t' => CharEscape::Tab,
+        other => CharEscape::AsciiControl(other),
+    };
+    // Writing into a Vec cannot fail.
+    let _ = CompactFormatter.write_char_escape(out, escape);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_strings_are_written_as_serde_json_writes_them() {
+        let mut cases: Vec<String> = [
+            "",
+            "plain",
+            "é ✓ 日本 😀",
+            "with \"quote\"",
+            "back\\slash",
+            "tab\tnew\nline\r",
+            "\u{0}\u{1f}\u{7f}\u{20}/",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        // Every byte that may be escaped, alone and at each position of a block of 32 and its
+        // remainder, in text of lengths around the block size.
+        for len in [1, 31, 32, 33, 63, 64, 65, 100] {
+            for c in (0u8..0x80).map(char::from) {
+                for at in [0, len / 2, len - 1] {
+                    let mut s: Vec<char> = "x".repeat(len).chars().collect();
+                    s[at] = c;
+                    cases.push(s.into_iter().collect());
+                }
+            }
+        }
+        cases.push("x".repeat(1000));
+        cases.push("\"".repeat(100));
+        cases.push((0u8..0x20).map(char::from).cycle().take(200).collect());
+        let doc = serde_json::json!({"pad": "x".repeat(300), "items": [{"sku": "A-1", "q": 3}], "t": "a\tb\u{1}"});
+        cases.push(serde_json::to_string(&doc).unwrap());
+        cases.push(serde_json::to_string_pretty(&doc).unwrap());
+        cases.push(format!("{}\"", "é".repeat(500)));
+        for s in &cases {
+            let mut ours = b"prefix".to_vec();
+            write_json_str(&mut ours, s);
+            let mut want = b"prefix".to_vec();
+            serde_json::to_writer(&mut want, s).unwrap();
+            assert_eq!(ours, want, "{s:?}");
+        }
+    }
 
     #[test]
     fn string_members_read_without_the_parser_equal_the_parsers_reading() {

@@ -168,13 +168,10 @@ pub fn fields_json(fields: &Fields) -> Vec<u8> {
         if i > 0 {
             out.push(b',');
         }
-        // Writing a str into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut out, &*String::from_utf8_lossy(k));
+        format::write_json_str(&mut out, &String::from_utf8_lossy(k));
         out.push(b':');
         match std::str::from_utf8(v) {
-            Ok(s) => {
-                let _ = serde_json::to_writer(&mut out, s);
-            }
+            Ok(s) => format::write_json_str(&mut out, s),
             Err(_) => {
                 out.extend_from_slice(b"{\"base64\":\"");
                 out.extend_from_slice(

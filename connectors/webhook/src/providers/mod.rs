@@ -583,9 +583,9 @@ pub(crate) fn inject_keys(body: &str, pairs: &[(&str, &str)]) -> Cow<'static, [u
         if i > 0 {
             out.push(b',');
         }
-        let _ = serde_json::to_writer(&mut out, k);
+        sluice_core::format::write_json_str(&mut out, k);
         out.push(b':');
-        let _ = serde_json::to_writer(&mut out, v);
+        sluice_core::format::write_json_str(&mut out, v);
     }
     if !rest.trim_start().starts_with('}') {
         out.push(b',');
