@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use base64::Engine;
 use bytes::Bytes;
 use redis::Value;
-use sluice_core::event::{Event, EventError, Timestamp};
+use sluice_core::event::{check_string, Data, Event, EventError, Timestamp};
 use sluice_core::{argo, format, kafka_binding};
 
 /// The field that holds the data of a CloudEvent entry.
@@ -161,7 +161,12 @@ pub fn is_cloudevent(fields: &Fields) -> bool {
 /// The JSON object of an entry's fields, in entry order: values that are UTF-8 as strings,
 /// others as `{"base64": "..."}` (so that nothing is lost). Written directly, without a tree.
 pub fn fields_json(fields: &Fields) -> Vec<u8> {
-    let size: usize = fields.iter().map(|(k, v)| k.len() + v.len() + 8).sum();
+    // Room for the escapes of values that are JSON text themselves (a `"` every few bytes) too:
+    // a buffer one byte short is copied whole into one twice its size.
+    let size: usize = fields
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + v.len() / 8 + 8)
+        .sum();
     let mut out = Vec::with_capacity(size + 2);
     out.push(b'{');
     for (i, (k, v)) in fields.iter().enumerate() {
@@ -203,7 +208,10 @@ pub struct ArgoShape<'a> {
 
 /// The event of one entry of `stream`.
 pub fn to_event(stream: &str, id: &str, fields: &Fields, n: &Naming) -> Result<Event, EventError> {
-    let event_id = format!("{stream}-{id}");
+    let mut event_id = String::with_capacity(stream.len() + 1 + id.len());
+    event_id.push_str(stream);
+    event_id.push('-');
+    event_id.push_str(id);
     let time = id_time(id).unwrap_or_else(Timestamp::now);
     if let Some(a) = &n.argo {
         let mut data = Vec::with_capacity(128);
@@ -230,11 +238,15 @@ pub fn to_event(stream: &str, id: &str, fields: &Fields, n: &Naming) -> Result<E
         let payload = field(fields, DATA_FIELD).map(Bytes::copy_from_slice);
         return kafka_binding::decode(&headers, payload);
     }
-    let e = Event::new(event_id, n.source, n.ty)
-        .with_subject(stream)
-        .with_time(time)
-        .with_json(fields_json(fields));
-    e.validate()?;
+    // Only the entry id came from Redis; the stream's name, `source` and `type` were checked at
+    // `validate`, and the data is JSON written here. Set in place: each `with_*` moved the whole
+    // event again.
+    check_string("id", id, true)?;
+    let mut e = Event::new(event_id, n.source, n.ty);
+    e.subject = Some(stream.to_owned());
+    e.time = Some(time);
+    e.datacontenttype = Some("application/json".into());
+    e.data = Data::Json(fields_json(fields).into());
     Ok(e)
 }
 

@@ -124,6 +124,8 @@ impl SourceConfig for StreamsSourceConfig {
         let mut seen = HashSet::new();
         for s in &self.streams {
             check_key("stream", s)?;
+            // The name is the events' subject and the start of their ids: checked here, once.
+            sluice_core::event::check_string("stream", s, true).map_err(|e| e.0)?;
             if !seen.insert(s) {
                 return Err(format!("stream {s:?} is listed twice"));
             }
@@ -228,7 +230,7 @@ struct State {
     claim_cursors: Vec<String>,
     /// Entries this source holds (in the window, stalled or waiting for a retry): a replay or a
     /// claim that returns one of them again is ignored.
-    known: HashSet<(usize, String)>,
+    known: foldhash::HashSet<(usize, String)>,
     stalled: VecDeque<Stalled>,
     /// Failed entries and when to claim them back for another attempt.
     retries: Vec<(Instant, Handle)>,
@@ -341,7 +343,7 @@ impl StreamsSource {
         let mut st = State {
             cursors: vec!["0".to_owned(); n],
             claim_cursors: vec!["0-0".to_owned(); n],
-            known: HashSet::new(),
+            known: foldhash::HashSet::default(),
             stalled: VecDeque::new(),
             retries: Vec::new(),
             acks: Vec::new(),
@@ -980,7 +982,7 @@ mod tests {
         let mut st = State {
             cursors: Vec::new(),
             claim_cursors: Vec::new(),
-            known: HashSet::new(),
+            known: foldhash::HashSet::default(),
             stalled: VecDeque::new(),
             retries: Vec::new(),
             acks: vec![(0, "new-1".into()), (0, "new-2".into())],

@@ -526,6 +526,8 @@ fn bad_config_is_refused_with_a_reason() {
             "not a Redis URL",
         ),
         (json!({"streams": ["a", "a"]}), "listed twice"),
+        // The name starts every event id and is the subject: no control characters.
+        (json!({"streams": ["a\u{1}b"]}), "control character"),
         (
             json!({"streams": ["a"], "claim_idle": "10ms"}),
             "claim_idle",
