@@ -369,9 +369,6 @@ impl StreamsSource {
             if stopping && reading.is_none() && window.is_empty() {
                 break;
             }
-            if !stopping {
-                self.offer(&ctx, &mut st, &mut window).await;
-            }
             let held = window.len() + st.stalled.len() + st.retries.len();
             let room = self.window.saturating_sub(held);
             // COUNT applies per stream: split the room, and leave half of the window for the
@@ -382,8 +379,19 @@ impl StreamsSource {
             if !stopping && reading.is_none() && room > 0 {
                 if let Some(conn) = &reader {
                     reading_count = per_stream * n;
-                    reading = Some(self.read(conn, &st.cursors, per_stream));
+                    let mut read = self.read(conn, &st.cursors, per_stream);
+                    // Polled once and the thread yielded once, so that the connection's task
+                    // writes the command now and Redis serves it while the last read's entries
+                    // are handed to the pipeline below, not after.
+                    if let std::task::Poll::Ready(r) = futures_util::poll!(read.as_mut()) {
+                        read = Box::pin(std::future::ready(r));
+                    }
+                    reading = Some(read);
+                    tokio::task::yield_now().await;
                 }
+            }
+            if !stopping {
+                self.offer(&ctx, &mut st, &mut window).await;
             }
             if st.acks.len() >= ACK_BATCH && st.ack_hold.is_none_or(|t| t <= Instant::now()) {
                 self.flush_acks(&mut ctl, &mut st).await;
