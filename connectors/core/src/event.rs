@@ -151,6 +151,12 @@ pub fn new_event_id() -> String {
     new_event_id_at(Utc::now())
 }
 
+/// A fresh id ([`new_event_id`]) and the time it was made, from one reading of the clock.
+pub fn new_event_id_and_time() -> (String, Timestamp) {
+    let now = Utc::now();
+    (new_event_id_at(now), Timestamp::from_utc(now))
+}
+
 /// [`new_event_id`] for an instant the caller read already (the event's `time`, say), so one
 /// event needs one clock reading.
 pub fn new_event_id_at(at: DateTime<Utc>) -> String {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Deserialize;
-use sluice_core::event::{Data, Event, EventError, Timestamp};
+use sluice_core::event::{check_media_type, check_string, Data, Event, EventError, Timestamp};
 use sluice_core::pipeline::SendOptions;
 use sluice_core::pull::{InFlight, Watermark};
 use sluice_core::telemetry::{PullTelemetry, Settled, EVENTS_DROPPED};
@@ -316,9 +316,9 @@ impl MqttSource {
         p: &View<'_>,
         again: Option<&Minted>,
     ) -> Result<(Event, Option<Minted>), EventError> {
-        let minted = again.cloned().unwrap_or_else(|| Minted {
-            id: sluice_core::event::new_event_id(),
-            time: Timestamp::now(),
+        let minted = again.cloned().unwrap_or_else(|| {
+            let (id, time) = sluice_core::event::new_event_id_and_time();
+            Minted { id, time }
         });
         let (id, time) = (minted.id.clone(), minted.time.clone());
         if self.cfg.format == Format::Argo {
@@ -343,19 +343,23 @@ impl MqttSource {
             }
             None => {}
         }
+        // What came with the message is checked (its topic, a v5 content type); the id and
+        // time are made here, `source` and `type` were checked at `validate`.
+        check_string("subject", &p.topic, true)?;
+        if let Some(ct) = p.content_type {
+            check_media_type(ct)?;
+        }
         let ct = p
             .content_type
             .unwrap_or_else(|| sluice_core::event::guess_content_type(p.payload));
-        let mut e = Event::new(id, &*self.source, &*self.ty)
-            .with_subject(&*p.topic)
-            .with_time(time);
+        // Set in place: each `with_*` moved the whole event again.
+        let mut e = Event::new(id, &*self.source, &*self.ty);
+        e.subject = Some(p.topic.to_string());
+        e.time = Some(time);
         if !p.payload.is_empty() {
-            e = e.with_data(
-                Some(ct.into()),
-                Data::from_bytes(Bytes::clone(p.payload), Some(ct)),
-            );
+            e.data = Data::from_bytes(Bytes::clone(p.payload), Some(ct));
+            e.datacontenttype = Some(ct.into());
         }
-        e.validate()?;
         Ok((e, Some(minted)))
     }
 
@@ -694,5 +698,68 @@ mod tests {
         assert!(check_filter("a/#/b").is_err());
         assert!(check_filter("a/b+").is_err());
         assert!(format::looks_structured(b"{\"specversion\":\"1.0\"}"));
+    }
+
+    fn source() -> MqttSource {
+        let cfg: MqttSourceConfig =
+            serde_json::from_value(serde_json::json!({"topics": ["a/#"]})).unwrap();
+        MqttSource {
+            ty: "mqtt".into(),
+            source: "dev".into(),
+            metadata: b"{}".to_vec(),
+            telemetry: PullTelemetry::new("dev"),
+            name: "dev".into(),
+            cfg,
+        }
+    }
+
+    fn view<'a>(topic: &'a str, payload: &'a Bytes, ct: Option<&'a str>) -> View<'a> {
+        View {
+            topic: topic.into(),
+            payload,
+            qos: 1,
+            dup: false,
+            pkid: 1,
+            content_type: ct,
+            user_properties: &[],
+        }
+    }
+
+    #[test]
+    fn a_plain_message_is_checked_where_it_came_from_the_message() {
+        let s = source();
+        let json = Bytes::from_static(b"{\"a\":1}");
+        let (e, minted) = s.to_event(&view("a/b", &json, None), None).unwrap();
+        let minted = minted.unwrap();
+        assert_eq!(
+            (e.id.as_str(), e.subject.as_deref()),
+            (minted.id.as_str(), Some("a/b"))
+        );
+        assert_eq!(e.time.as_ref(), Some(&minted.time));
+        assert_eq!(e.datacontenttype.as_deref(), Some("application/json"));
+        e.validate().unwrap();
+        let text = Bytes::from_static(b"hello");
+        let (e, _) = s.to_event(&view("a/b", &text, None), None).unwrap();
+        assert_eq!(
+            e.datacontenttype.as_deref(),
+            Some("text/plain; charset=utf-8")
+        );
+        // A retry keeps the id and time made the first time.
+        let (again, _) = s
+            .to_event(&view("a/b", &json, None), Some(&minted))
+            .unwrap();
+        assert_eq!(
+            (again.id, again.time),
+            (minted.id.clone(), Some(minted.time.clone()))
+        );
+        // The topic and a v5 content type come from the publisher: checked.
+        assert!(s.to_event(&view("a/\u{1}", &json, None), None).is_err());
+        assert!(s
+            .to_event(&view("a/b", &json, Some("not a media type")), None)
+            .is_err());
+        let (e, _) = s
+            .to_event(&view("a/b", &json, Some("application/vnd.x+json")), None)
+            .unwrap();
+        e.validate().unwrap();
     }
 }
