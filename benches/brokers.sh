@@ -16,16 +16,18 @@
 #
 # Counts per broker are sized so that each side runs for seconds (Sluice's rate needs two
 # samples of its /metrics): RCOUNT Redis entries, ACOUNT RabbitMQ messages, MCOUNT MQTT messages.
-# (The raw MQTT loop is bounded by a 120 s timeout: with a 300 000-message backlog it was seen to
-# stall once, in the raw loop, not in Sluice; 200 000 has not.)
+# (The raw MQTT loop is bounded by a 120 s timeout. It stalled once with a 300 000-message backlog
+# before its acknowledgements were queued with try_ack; 400 000 did not stall in 11 rounds on
+# 2026-12-04. At 200 000 Sluice read the backlog before its rate's second sample, at about
+# 170 000 events/s.)
 #
-#   benches/brokers.sh        # RCOUNT=400000 ACOUNT=100000 MCOUNT=200000 ROUNDS=3 DURATION=8 CONNS=256 AMQP_CONNS=1000
+#   benches/brokers.sh        # RCOUNT=400000 ACOUNT=100000 MCOUNT=400000 ROUNDS=3 DURATION=8 CONNS=256 AMQP_CONNS=1000
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/lib.sh
 RCOUNT=${RCOUNT:-400000}
 ACOUNT=${ACOUNT:-100000}
-MCOUNT=${MCOUNT:-200000}
+MCOUNT=${MCOUNT:-400000}
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-8}
 CONNS=${CONNS:-256}
