@@ -38,9 +38,6 @@ printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\nmax_infl
 wait_port $REDIS_PORT; wait_port $MQTT_PORT
 [[ " $SOURCES " == *" R "* ]] && "$LOOPS" redis-preload --url redis://127.0.0.1:$REDIS_PORT --stream bench --count "$COUNT"
 
-delivered() {
-  curl -s "127.0.0.1:$ADMIN/metrics" | awk '/^sluice_events_delivered_total\{sink="out"\}/ {printf "%d", $2}'
-}
 # measure LETTER INDEX BIN SOURCE_YAML: one daemon under callgrind until COUNT events reached null.
 measure() {
   local letter=$1 i=$2 bin=$3
@@ -53,23 +50,10 @@ sinks:
 routes:
   - { from: [in], to: [out] }
 YAML
-  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$work/cg.$letter.$i" "$bin" run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/vg.$letter.$i" &
-  local pid=$! got=0
-  # Scraped every 2 s: a scrape under callgrind costs instructions of its own.
-  for _ in $(seq 1 600); do
-    got=$(delivered || true)
-    [ "${got:-0}" -ge "$COUNT" ] && break
-    sleep 2
-  done
-  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
-  if [ "${got:-0}" -lt "$COUNT" ]; then
-    echo "$bin ($letter): delivered ${got:-0} of $COUNT in 20 minutes; valgrind said:" >&2
-    tail -5 "$work/vg.$letter.$i" >&2
-    exit 1
-  fi
-  [ -n "${KEEP:-}" ] && cp "$work/cg.$letter.$i" "$KEEP.$letter.$i"
-  local ir; ir=$(callgrind_annotate "$work/cg.$letter.$i" 2>/dev/null | awk '/PROGRAM TOTALS/ && !d {gsub(",","",$1); print $1; d=1}')
-  echo "| $letter | $bin | $got | $((ir / got)) |"
+  local out got per
+  out=$(callgrind_drain "$bin" "$letter.$i" "$COUNT") || exit 1
+  read -r got per <<<"$out"
+  echo "| $letter | $bin | $got | $per |"
 }
 
 echo "| source | daemon | events | instructions per event |"

@@ -36,31 +36,13 @@ for _ in $(seq 1 100); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
 BS=$(head -1 "$work/bootstrap")
 target/release/examples/produce_loop --brokers "$BS" --topic bench --count "$COUNT" --partitions $PARTITIONS --window 10000 >/dev/null
 
-delivered() {
-  curl -s "127.0.0.1:$ADMIN/metrics" | awk '/^sluice_events_delivered_total\{sink="out"\}/ {printf "%d", $2}'
-}
 echo "| daemon | events | instructions per event |"
 echo "|---|---|---|"
 i=0
 for bin in "${bins[@]}"; do
   i=$((i + 1))
   kafka_null_config "$BS" "cg-$i-$(date +%s%N)"
-  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$work/cg.$i" "$bin" run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/vg.$i" &
-  pid=$!
-  # Scraped every 2 s: a scrape under callgrind costs instructions of its own.
-  got=0
-  for _ in $(seq 1 600); do
-    got=$(delivered || true)
-    [ "${got:-0}" -ge "$COUNT" ] && break
-    sleep 2
-  done
-  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
-  if [ "${got:-0}" -lt "$COUNT" ]; then
-    echo "$bin: delivered ${got:-0} of $COUNT in 20 minutes; valgrind said:" >&2
-    tail -5 "$work/vg.$i" >&2
-    exit 1
-  fi
-  [ -n "${KEEP:-}" ] && cp "$work/cg.$i" "$KEEP.$i"
-  ir=$(callgrind_annotate "$work/cg.$i" 2>/dev/null | awk '/PROGRAM TOTALS/ && !d {gsub(",","",$1); print $1; d=1}')
-  echo "| $bin | $got | $((ir / got)) |"
+  out=$(callgrind_drain "$bin" "$i" "$COUNT") || exit 1
+  read -r got per <<<"$out"
+  echo "| $bin | $got | $per |"
 done

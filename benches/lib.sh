@@ -71,6 +71,32 @@ routes:
 YAML
 }
 
+# callgrind_drain BIN SLUG COUNT: runs daemon BIN on $work/sluice.yaml under callgrind until its
+# null sink `out` (admin server on port $ADMIN) counted COUNT delivered events, stops it and prints
+# "EVENTS INSTRUCTIONS_PER_EVENT" (the whole process, start-up included). The profile is
+# $work/cg.SLUG (copied to $KEEP.SLUG when KEEP is set). Exits when COUNT is not reached in 20
+# minutes.
+callgrind_drain() {
+  local bin=$1 slug=$2 count=$3 got=0 pid ir
+  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$work/cg.$slug" "$bin" run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/vg.$slug" &
+  pid=$!
+  # Scraped every 2 s: a scrape under callgrind costs instructions of its own.
+  for _ in $(seq 1 600); do
+    got=$(curl -s "127.0.0.1:$ADMIN/metrics" | awk '/^sluice_events_delivered_total\{sink="out"\}/ {printf "%d", $2}' || true)
+    [ "${got:-0}" -ge "$count" ] && break
+    sleep 2
+  done
+  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  if [ "${got:-0}" -lt "$count" ]; then
+    echo "$bin: delivered ${got:-0} of $count in 20 minutes; valgrind said:" >&2
+    tail -5 "$work/vg.$slug" >&2
+    exit 1
+  fi
+  [ -n "${KEEP:-}" ] && cp "$work/cg.$slug" "$KEEP.$slug"
+  ir=$(callgrind_annotate "$work/cg.$slug" 2>/dev/null | awk '/PROGRAM TOTALS/ && !d {gsub(",","",$1); print $1; d=1}')
+  echo "$got $((ir / got))"
+}
+
 # Writes $1/body.json (a 1 KiB JSON order) and $1/post.lua (wrk: POST it as application/json).
 # With $2 = N > 1, the body is a CloudEvents batch of N 1 KiB events instead.
 make_load() {
