@@ -343,20 +343,22 @@ impl MqttSource {
             }
             None => {}
         }
-        // What came with the message is checked (its topic, a v5 content type); the id and
-        // time are made here, `source` and `type` were checked at `validate`.
+        // What came with the message is checked (its topic, and a v5 content type where there
+        // is data for it to describe); the id and time are made here, `source` and `type` were
+        // checked at `validate`.
         check_string("subject", &p.topic, true)?;
-        if let Some(ct) = p.content_type {
-            check_media_type(ct)?;
-        }
-        let ct = p
-            .content_type
-            .unwrap_or_else(|| sluice_core::event::guess_content_type(p.payload));
         // Set in place: each `with_*` moved the whole event again.
         let mut e = Event::new(id, &*self.source, &*self.ty);
         e.subject = Some(p.topic.to_string());
         e.time = Some(time);
         if !p.payload.is_empty() {
+            let ct = match p.content_type {
+                Some(ct) => {
+                    check_media_type(ct)?;
+                    ct
+                }
+                None => sluice_core::event::guess_content_type(p.payload),
+            };
             e.data = Data::from_bytes(Bytes::clone(p.payload), Some(ct));
             e.datacontenttype = Some(ct.into());
         }
@@ -761,5 +763,11 @@ mod tests {
             .to_event(&view("a/b", &json, Some("application/vnd.x+json")), None)
             .unwrap();
         e.validate().unwrap();
+        // Without data the content type describes nothing: not carried, not checked.
+        let empty = Bytes::new();
+        let (e, _) = s
+            .to_event(&view("a/b", &empty, Some("not a media type")), None)
+            .unwrap();
+        assert_eq!((e.datacontenttype, e.data.is_empty()), (None, true));
     }
 }
