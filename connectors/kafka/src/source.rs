@@ -1120,14 +1120,10 @@ impl KafkaSource {
                         // anyway. Each run is sized to its records (they are large, and a run
                         // grown by doubling moved each of them again: 3 % of a Kafka → null
                         // event's instructions); the buffer they were taken into is kept.
-                        let mut runs: Vec<(Run, usize)> = Vec::new();
-                        let mut start = 0;
-                        while let Some(first) = taken_now.get(start) {
-                            let tp = &first.0.tp;
-                            let len = taken_now[start..].iter().take_while(|t| t.0.tp == *tp).count();
-                            runs.push((Run::new(tp.clone(), len), len));
-                            start += len;
-                        }
+                        let mut runs: Vec<(Run, usize)> = taken_now
+                            .chunk_by(|a, b| a.0.tp == b.0.tp)
+                            .map(|c| (Run::new(c[0].0.tp.clone(), c.len()), c.len()))
+                            .collect();
                         let mut rest = taken_now.drain(..);
                         for (run, len) in &mut runs {
                             rest.by_ref().take(*len).for_each(|t| run.push(t));
