@@ -4,10 +4,10 @@
 //! ```text
 //! broker_loops redis-preload  --url U --stream S --count N
 //! broker_loops redis-consume  --url U --stream S --group G --count N --window W   XREADGROUP + XACK
-//! broker_loops redis-publish  --url U --stream S --seconds T --batch B            pipelined XADD
+//! broker_loops redis-publish  --url U --stream S --seconds T --batch B [--ce]     pipelined XADD
 //! broker_loops amqp-preload   --url U --queue Q --count N
 //! broker_loops amqp-consume   --url U --queue Q --count N --prefetch P             ack after each
-//! broker_loops amqp-publish   --url U --exchange X --key K --seconds T --window W  confirms
+//! broker_loops amqp-publish   --url U --exchange X --key K --seconds T --window W [--ce]  confirms
 //! broker_loops amqp-delete    --url U --queue Q
 //! broker_loops mqtt-session   --port P --topic T --client-id C                     persistent session
 //! broker_loops mqtt-clear     --port P --client-id C                               ends that session
@@ -17,6 +17,12 @@
 //! ```
 //! Consumers print messages per second from the first message to the last; publishers print
 //! confirmed messages per second. Without a subcommand it exits at once (plain `cargo bench`).
+//!
+//! `--ce`: the publishers write each message as the sink writes the benchmark's events, a
+//! binary-mode CloudEvent (Redis: the `ce_*` fields and `content-type` before `data`; AMQP: the
+//! `cloudEvents:*` headers, `message-id` and `content-type`), each with an id of its own, so
+//! that the broker has the same work per message on both sides. Without it the message is the
+//! bare payload.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -43,6 +49,7 @@ fn main() {
             .cloned()
     };
     let num = |name: &str, d: u64| arg(name).map_or(d, |s| s.parse().unwrap());
+    let ce = args.iter().any(|a| a == "--ce");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -119,17 +126,31 @@ fn main() {
                         let batch = num("--batch", 500);
                         let t0 = Instant::now();
                         let mut n = 0u64;
+                        let mut seq = 0u64;
                         while t0.elapsed() < Duration::from_secs(secs) {
                             let mut pipe = redis::pipe();
                             for _ in 0..batch {
-                                pipe.cmd("XADD")
+                                let xadd = pipe
+                                    .cmd("XADD")
                                     .arg(&stream)
                                     .arg("MAXLEN")
                                     .arg("~")
                                     .arg(1_000_000)
-                                    .arg("*")
-                                    .arg("data")
-                                    .arg(&body);
+                                    .arg("*");
+                                if ce {
+                                    xadd.arg("ce_specversion")
+                                        .arg("1.0")
+                                        .arg("ce_id")
+                                        .arg(format!("ID-{seq}"))
+                                        .arg("ce_source")
+                                        .arg("bench")
+                                        .arg("ce_type")
+                                        .arg("bench.order")
+                                        .arg("content-type")
+                                        .arg("application/json");
+                                    seq += 1;
+                                }
+                                xadd.arg("data").arg(&body);
                             }
                             let ids: Vec<String> = pipe.query_async(&mut c).await.unwrap();
                             n += ids.len() as u64;
@@ -230,6 +251,7 @@ fn main() {
                         let t0 = Instant::now();
                         let mut n = 0u64;
                         let mut pending = VecDeque::new();
+                        let mut seq = 0u64;
                         while t0.elapsed() < Duration::from_secs(secs) {
                             if pending.len() >= window {
                                 let c: lapin::PublisherConfirm = pending.pop_front().unwrap();
@@ -248,7 +270,12 @@ fn main() {
                                         immediate: false,
                                     },
                                     &body,
-                                    lapin::BasicProperties::default().with_delivery_mode(2),
+                                    if ce {
+                                        seq += 1;
+                                        ce_properties(seq)
+                                    } else {
+                                        lapin::BasicProperties::default().with_delivery_mode(2)
+                                    },
                                 )
                                 .await
                                 .unwrap(),
@@ -370,6 +397,29 @@ fn main() {
             other => eprintln!("broker_loops: unknown subcommand {other}"),
         }
     });
+}
+
+/// What the AMQP sink writes for one of the benchmark's events in binary mode (persistent).
+fn ce_properties(seq: u64) -> lapin::BasicProperties {
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+    let id = format!("ID-{seq}");
+    let mut h = FieldTable::default();
+    for (k, v) in [
+        ("cloudEvents:specversion", "1.0"),
+        ("cloudEvents:id", id.as_str()),
+        ("cloudEvents:source", "bench"),
+        ("cloudEvents:type", "bench.order"),
+    ] {
+        h.insert(
+            k.into(),
+            AMQPValue::LongString(LongString::from(v.as_bytes().to_vec())),
+        );
+    }
+    lapin::BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_message_id(id.as_str().into())
+        .with_headers(h)
+        .with_content_type("application/json".into())
 }
 
 /// The entry ids of an XREADGROUP reply (RESP2).

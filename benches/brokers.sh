@@ -40,6 +40,9 @@ PARTS=${PARTS:-"sources sinks"}
 # SOURCES: which source benchmarks run (R Redis Streams, A RabbitMQ, M mosquitto).
 SOURCES=${SOURCES:-"R A M"}
 # SINKS: which sink benchmarks run (the same letters).
+# RAW_CE=1: the R and A sink rounds also run their raw loop with --ce, each message written as
+# the sink writes the benchmark's events (the binary-mode CloudEvents fields or headers), and
+# print Sluice's ratio against that too (keys redis-sink-ce, amqp-sink-ce).
 SINKS=${SINKS:-"R A M"}
 BATCH=${BATCH:-1}
 REDIS_PORT=16380
@@ -153,6 +156,15 @@ sink_round() { # name raw-command... ; the sink config is in $work/sink.yaml
   local raw; raw=$($SERVER_PIN /usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$@")
   local raw_cpu; raw_cpu=$(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' "$work/raw.time")
   local raw_b; raw_b=$(cpu_pct "$b0" "$(cpu_of "$BPID")" "$(python3 -c "import time; print(time.time() - $t0)")")
+  # RAW_CE=1: the raw loop also runs with --ce (messages shaped as the sink writes them).
+  local rawce="" rawce_cpu rawce_b
+  if [ "${RAW_CE:-0}" = 1 ] && [ -n "${CE_OK:-}" ]; then
+    ${RESET:-true} >/dev/null
+    b0=$(cpu_of "$BPID"); t0=$(date +%s.%N)
+    rawce=$($SERVER_PIN /usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$@" --ce)
+    rawce_cpu=$(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' "$work/raw.time")
+    rawce_b=$(cpu_pct "$b0" "$(cpu_of "$BPID")" "$(python3 -c "import time; print(time.time() - $t0)")")
+  fi
   { printf 'admin: { enabled: false }\nsources:\n  hooks: { kind: webhook, listen: 127.0.0.1:%s, path: /, ack: delivered }\nsinks:\n' $PORT; cat "$work/sink.yaml"; printf 'routes:\n  - { from: [hooks], to: [out] }\n'; } > "$work/sluice.yaml"
   ${RESET:-true} >/dev/null
   start_sluice_on $PORT
@@ -163,7 +175,15 @@ sink_round() { # name raw-command... ; the sink config is in $work/sink.yaml
   local sl_cpu sl_b; sl_cpu=$(cpu_pct "$s0" "$(cpu_of $spid)" "$secs"); sl_b=$(cpu_pct "$b1" "$(cpu_of "$BPID")" "$secs")
   kill -TERM $spid; wait $spid 2>/dev/null || true
   echo "  $key: raw $raw msg/s (loop $raw_cpu %, broker $raw_b %) | sluice webhook → sink ${rps%.*} ev/s (batch $BATCH) (sluice $sl_cpu %, broker $sl_b %, wrk $wrk_cpu %, non-2xx $non2xx) = $(ratio "$raw" "$rps")"
+  [ -z "$rawce" ] || echo "  $key: raw with the sink's CloudEvents fields (--ce) $rawce msg/s (loop $rawce_cpu %, broker $rawce_b %) = $(ratio "$rawce" "$rps")"
   keep "$key" "$raw" "${rps%.*}" "$st0" "$t0"
+  [ -z "$rawce" ] || keep "$key-ce" "$rawce" "${rps%.*}" "$st0" "$t0"
+}
+# Each half of an A sink round starts from an empty queue (messages left by the half before
+# would make RabbitMQ's queue longer for the next).
+amqp_reset() {
+  "$LOOPS" amqp-delete --url "$AMQP" --queue bench-out
+  "$LOOPS" amqp-preload --url "$AMQP" --queue bench-out --count 0
 }
 for r in $(seq 1 "$ROUNDS"); do
   [[ " $PARTS " == *" sinks "* ]] || break
@@ -171,13 +191,13 @@ for r in $(seq 1 "$ROUNDS"); do
   BPID=$rpid
   if [[ " $SINKS " == *" R "* ]]; then
   printf '  out: { kind: redis-streams, url: "redis://127.0.0.1:%s", stream: out, maxlen: "~1000000" }\n' $REDIS_PORT > "$work/sink.yaml"
-  RESET="redis-cli -p $REDIS_PORT DEL out" sink_round "redis-sink" "$LOOPS" redis-publish --url redis://127.0.0.1:$REDIS_PORT --stream out --seconds "$DURATION" --batch 500
+  CE_OK=1 RESET="redis-cli -p $REDIS_PORT DEL out" sink_round "redis-sink" "$LOOPS" redis-publish --url redis://127.0.0.1:$REDIS_PORT --stream out --seconds "$DURATION" --batch 500
   fi
   if [[ " $SINKS " == *" A "* ]]; then
   BPID=$apid
   "$LOOPS" amqp-preload --url "$AMQP" --queue bench-out --count 0
   printf '  out: { kind: amqp, url: "%s", exchange: "", routing_key: bench-out, max_in_flight: 1000 }\n' "$AMQP" > "$work/sink.yaml"
-  SINK_CONNS=$AMQP_CONNS sink_round "amqp-sink" "$LOOPS" amqp-publish --url "$AMQP" --exchange "" --key bench-out --seconds "$DURATION" --window 1000
+  CE_OK=1 RESET=amqp_reset SINK_CONNS=$AMQP_CONNS sink_round "amqp-sink" "$LOOPS" amqp-publish --url "$AMQP" --exchange "" --key bench-out --seconds "$DURATION" --window 1000
   "$LOOPS" amqp-delete --url "$AMQP" --queue bench-out
   fi
   if [[ " $SINKS " == *" M "* ]]; then
@@ -189,7 +209,7 @@ done
 
 echo
 echo "medians of the paired ratios (Sluice / raw), rounds with steal ≤ $STEAL_MAX % (left out: ${DROPPED:-none}):"
-for k in rs am mq redis-sink amqp-sink mqtt-sink; do
+for k in rs am mq redis-sink redis-sink-ce amqp-sink amqp-sink-ce mqtt-sink; do
   [ -n "${RAW[$k]:-}" ] || continue
   python3 - "$k" "${RAW[$k]}" "${SL[$k]}" <<'PY'
 import statistics, sys
