@@ -276,21 +276,29 @@ impl Data {
     }
 }
 
-/// Checks that `bytes` hold exactly one JSON document, without building a tree.
+/// Checks that `bytes` hold exactly one JSON document (UTF-8, RFC 8259), without building a
+/// tree.
+///
+/// The UTF-8 check is separate: serde_json's pass over a value it does not build
+/// (`IgnoredAny`) steps over a string's bytes without checking their encoding, so
+/// `{"a":"\xff"}` passed it alone.
 pub fn is_json(bytes: &[u8]) -> bool {
-    !bytes.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+    simdutf8::basic::from_utf8(bytes).is_ok_and(is_json_text)
+}
+
+/// [`is_json`] for text already known to be UTF-8.
+pub fn is_json_text(text: &str) -> bool {
+    !text.is_empty() && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
 }
 
 /// The content type of a payload that came without one (an MQTT 3.1.1 or Redis Pub/Sub message,
 /// an SQS body without a `content-type` attribute): `application/json` when it is one JSON
 /// document, `text/plain; charset=utf-8` when it is UTF-8, else `application/octet-stream`.
 pub fn guess_content_type(payload: &[u8]) -> &'static str {
-    if is_json(payload) {
-        "application/json"
-    } else if std::str::from_utf8(payload).is_ok() {
-        "text/plain; charset=utf-8"
-    } else {
-        "application/octet-stream"
+    match simdutf8::basic::from_utf8(payload) {
+        Err(_) => "application/octet-stream",
+        Ok(text) if is_json_text(text) => "application/json",
+        Ok(_) => "text/plain; charset=utf-8",
     }
 }
 
@@ -848,6 +856,34 @@ mod tests {
             "equal by bytes"
         );
         assert!(matches!(Data::from_bytes(Bytes::new(), None), Data::None));
+        // Not UTF-8 inside a string: not JSON, so not embedded as JSON.
+        let bad = Data::from_bytes(Bytes::from_static(b"{\"a\":\"\xff\xfe\"}"), ct);
+        assert!(!bad.is_embeddable_json(ct));
+    }
+
+    #[test]
+    fn json_is_checked_for_utf8_too() {
+        assert!(is_json(b"{\"a\":\"caf\xc3\xa9\"}"));
+        for bad in [
+            &b"{\"a\":\"\xff\"}"[..],
+            b"{\"\xc3\":1}",
+            b"[\"\xed\xa0\x80\"]",
+            b"\"\xc0\xaf\"",
+        ] {
+            assert!(!is_json(bad), "{bad:?}");
+            assert_eq!(
+                guess_content_type(bad),
+                "application/octet-stream",
+                "{bad:?}"
+            );
+        }
+        assert_eq!(guess_content_type(b"{\"a\":[1,2]}"), "application/json");
+        assert_eq!(
+            guess_content_type("caf\u{e9}".as_bytes()),
+            "text/plain; charset=utf-8"
+        );
+        assert_eq!(guess_content_type(b"{\"a\":"), "text/plain; charset=utf-8");
+        assert_eq!(guess_content_type(b""), "text/plain; charset=utf-8");
     }
 
     #[test]
