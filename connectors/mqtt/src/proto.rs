@@ -131,6 +131,12 @@ pub(crate) trait Proto: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), String>> + Send;
     fn try_unsubscribe(c: &Self::Client, filter: String);
     fn ack(c: &Self::Client, p: &Self::Publish) -> impl Future<Output = Result<(), String>> + Send;
+    /// Queues the acknowledgement without waiting: `false` when the client's request queue is
+    /// full (or its connection task is gone).
+    fn try_ack(c: &Self::Client, p: &Self::Publish) -> bool;
+    /// What acknowledging `p` needs (its packet id and QoS), without its topic and payload: an
+    /// acknowledgement waiting to be queued holds no message memory.
+    fn ack_token(p: &Self::Publish) -> Self::Publish;
     fn disconnect(c: &Self::Client) -> impl Future<Output = ()> + Send;
     fn publish(
         c: &Self::Client,
@@ -252,6 +258,21 @@ impl Proto for V4 {
 
     async fn ack(c: &Self::Client, p: &Self::Publish) -> Result<(), String> {
         c.ack(p).await.map_err(|e| e.to_string())
+    }
+
+    fn try_ack(c: &Self::Client, p: &Self::Publish) -> bool {
+        c.try_ack(p).is_ok()
+    }
+
+    fn ack_token(p: &Self::Publish) -> Self::Publish {
+        rumqttc::Publish {
+            dup: p.dup,
+            qos: p.qos,
+            retain: p.retain,
+            topic: String::new(),
+            pkid: p.pkid,
+            payload: Bytes::new(),
+        }
     }
 
     async fn disconnect(c: &Self::Client) {
@@ -424,6 +445,22 @@ impl Proto for V5 {
 
     async fn ack(c: &Self::Client, p: &Self::Publish) -> Result<(), String> {
         c.ack(p).await.map_err(|e| e.to_string())
+    }
+
+    fn try_ack(c: &Self::Client, p: &Self::Publish) -> bool {
+        c.try_ack(p).is_ok()
+    }
+
+    fn ack_token(p: &Self::Publish) -> Self::Publish {
+        rumqttc::v5::mqttbytes::v5::Publish {
+            dup: p.dup,
+            qos: p.qos,
+            retain: p.retain,
+            topic: Bytes::new(),
+            pkid: p.pkid,
+            payload: Bytes::new(),
+            properties: None,
+        }
     }
 
     async fn disconnect(c: &Self::Client) {

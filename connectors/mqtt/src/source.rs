@@ -1,6 +1,6 @@
 //! `kind: mqtt` source: subscriptions acknowledged after delivery, in arrival order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -186,8 +186,8 @@ async fn start<P: Proto>(
         manual_acks: true,
     })
     .map_err(err)?;
-    // Acknowledgements never wait for room: there are at most as many as messages not yet
-    // acknowledged, and the packet id space bounds those (65535).
+    // Room for an acknowledgement of every message the packet id space lets the broker have
+    // unacknowledged (65535); the source queues them without waiting either way.
     let capacity = 65_535 + 64;
     let (client, mut eventloop) = P::client(opts.clone(), capacity);
     let filters: Vec<(String, u8)> = cfg.topics.iter().map(|t| (t.clone(), cfg.qos)).collect();
@@ -373,26 +373,28 @@ impl MqttSource {
         early: Vec<P::Publish>,
         ctx: SourceContext,
     ) -> Result<(), ConnectorError> {
-        // Unbounded, because the connection task must never wait on it (it also writes the
-        // acknowledgements): QoS 1 messages are bounded by the packet id space and the broker's
-        // in-flight limit, QoS 0 ones by `queued0` (past max_in_flight they are dropped).
-        let (tx, mut rx) = mpsc::unbounded_channel::<Arrival<P>>();
+        // Bounded: when the source holds back (its window is full), the connection task waits
+        // here and stops reading, so the broker's sending is held back by TCP instead of piling
+        // up in memory (a broker does not always keep to its in-flight limit: mosquitto 2.0
+        // sent a 400 000-message backlog of a persistent session at once). The source never
+        // waits on the connection task in turn: its acknowledgements are queued without
+        // waiting (`try_ack`), and those that find the client's queue full wait in `unsent`
+        // (rumqttc writes one request per turn of its loop, while it reads up to ten messages:
+        // under a flood the acknowledgements fall behind; each waits as its packet id only).
+        // QoS 0 messages past max_in_flight queued are dropped (`queued0`).
+        let (tx, mut rx) = mpsc::channel::<Arrival<P>>(self.cfg.max_in_flight.clamp(16, 4096));
         let queued0 = Arc::new(AtomicUsize::new(0));
-        for p in early {
-            if P::view(&p).qos == 0 {
-                queued0.fetch_add(1, Ordering::Relaxed);
-            }
-            let _ = tx.send(Arrival::Publish(p, 0));
-        }
         let filters = link.filters.clone();
         let pump = tokio::spawn(pump::<P>(
             eventloop,
             link,
+            early,
             tx,
             queued0.clone(),
             self.cfg.max_in_flight,
             self.name.clone(),
         ));
+        let mut unsent: VecDeque<P::Publish> = VecDeque::new();
         let mut window: InFlight<u64> =
             InFlight::new(self.cfg.max_in_flight, Duration::from_secs(3600));
         // Room for the window and as many again settled behind an unsettled one.
@@ -446,7 +448,7 @@ impl MqttSource {
                             }
                         }
                     }
-                    self.release::<P>(&client, &mut marks, &mut entries, generation).await;
+                    self.release::<P>(&client, &mut marks, &mut entries, generation, &mut unsent);
                     self.telemetry.in_flight.set(window.len() as f64);
                 }
                 _ = tokio::time::sleep_until(retry_due.unwrap_or_else(Instant::now)), if retry_due.is_some() && window.room() > 0 => {
@@ -473,6 +475,8 @@ impl MqttSource {
                             self.telemetry.reconnects.increment(1);
                             generation = g;
                             client = c;
+                            // For the old connection: the broker resends those messages.
+                            unsent.clear();
                         }
                         Some(Arrival::Publish(p, g)) => {
                             let (q, dup) = { let v = P::view(&p); (v.qos, v.dup) };
@@ -483,22 +487,34 @@ impl MqttSource {
                                 self.telemetry.redeliveries.increment(1);
                             }
                             self.take::<P>(&ctx, p, g, &mut next_seq, &mut marks, &mut entries, &mut window).await;
-                            self.release::<P>(&client, &mut marks, &mut entries, generation).await;
+                            self.release::<P>(&client, &mut marks, &mut entries, generation, &mut unsent);
                         }
                         None => return Err(ConnectorError(format!("mqtt source {}: the connection task ended", self.name))),
                     }
                 }
+                _ = tokio::time::sleep(UNSENT_RETRY), if !unsent.is_empty() => {
+                    self.flush::<P>(&client, &mut unsent);
+                }
                 _ = ctx.shutdown.cancelled(), if !stopping => {}
             }
         }
-        self.release::<P>(&client, &mut marks, &mut entries, generation)
-            .await;
+        self.release::<P>(&client, &mut marks, &mut entries, generation, &mut unsent);
         // The acknowledgements go out before the DISCONNECT (requests are sent in order); the
-        // connection task must not wait on a full channel meanwhile.
-        P::disconnect(&client).await;
+        // connection task must not wait on a full channel meanwhile, so it is drained alongside.
+        let finish = async {
+            for p in unsent.drain(..) {
+                if P::ack(&client, &p).await.is_err() {
+                    break; // the connection is gone: the broker resends the rest
+                }
+                self.telemetry.commits.increment(1);
+            }
+            P::disconnect(&client).await;
+        };
         let drain = async { while rx.recv().await.is_some() {} };
-        let _ =
-            tokio::time::timeout(Duration::from_secs(5), async { tokio::join!(pump, drain) }).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(pump, drain, finish)
+        })
+        .await;
         tracing::debug!(source = %self.name, "mqtt: stopped");
         Ok(())
     }
@@ -578,13 +594,15 @@ impl MqttSource {
         }
     }
 
-    /// Acknowledges, in arrival order, every message up to the first unsettled one.
-    async fn release<P: Proto>(
+    /// Acknowledges, in arrival order, every message up to the first unsettled one. Never
+    /// waits: what finds the client's request queue full waits in `unsent`, in order.
+    fn release<P: Proto>(
         &self,
         client: &P::Client,
         marks: &mut Watermark,
         entries: &mut HashMap<u64, Entry<P>>,
         generation: u64,
+        unsent: &mut VecDeque<P::Publish>,
     ) {
         let mut released = Vec::new();
         marks.advance(|s| released.push(s));
@@ -595,14 +613,29 @@ impl MqttSource {
             if e.generation != generation {
                 continue; // its connection is gone; the broker resends it
             }
-            if let Err(err) = P::ack(client, &e.publish).await {
-                tracing::warn!(source = %self.name, error = %err, "mqtt: acknowledgement not sent; the broker resends the message");
-            } else {
-                self.telemetry.commits.increment(1);
+            unsent.push_back(P::ack_token(&e.publish));
+        }
+        self.flush::<P>(client, unsent);
+    }
+
+    /// Queues the waiting acknowledgements with the client, in order, while it has room.
+    fn flush<P: Proto>(&self, client: &P::Client, unsent: &mut VecDeque<P::Publish>) {
+        let mut sent = 0u64;
+        while let Some(p) = unsent.front() {
+            if !P::try_ack(client, p) {
+                break;
             }
+            unsent.pop_front();
+            sent += 1;
+        }
+        if sent > 0 {
+            self.telemetry.commits.increment(sent);
         }
     }
 }
+
+/// How soon acknowledgements that found the client's request queue full are tried again.
+const UNSENT_RETRY: Duration = Duration::from_millis(2);
 
 /// Drives the connection: forwards messages; when it drops, opens a new one with a fresh client
 /// (so that no acknowledgement queued for the old connection reaches the new one) after a
@@ -610,7 +643,8 @@ impl MqttSource {
 async fn pump<P: Proto>(
     mut eventloop: P::EventLoop,
     link: Link<P>,
-    tx: mpsc::UnboundedSender<Arrival<P>>,
+    early: Vec<P::Publish>,
+    tx: mpsc::Sender<Arrival<P>>,
     queued0: Arc<AtomicUsize>,
     limit0: usize,
     name: String,
@@ -619,6 +653,15 @@ async fn pump<P: Proto>(
         metrics::counter!(EVENTS_DROPPED, "source" => name.clone(), "reason" => "slow_consumer");
     let mut generation = 0u64;
     let mut attempts = 0u32;
+    // What arrived while the first connection subscribed.
+    for p in early {
+        if P::view(&p).qos == 0 {
+            queued0.fetch_add(1, Ordering::Relaxed);
+        }
+        if tx.send(Arrival::Publish(p, generation)).await.is_err() {
+            return;
+        }
+    }
     loop {
         // Forward until the connection fails.
         loop {
@@ -637,7 +680,7 @@ async fn pump<P: Proto>(
                         }
                         queued0.fetch_add(1, Ordering::Relaxed);
                     }
-                    if tx.send(Arrival::Publish(p, generation)).is_err() {
+                    if tx.send(Arrival::Publish(p, generation)).await.is_err() {
                         return;
                     }
                 }
@@ -668,14 +711,18 @@ async fn pump<P: Proto>(
                 Ok(Ok(_)) => {
                     attempts = 0;
                     generation += 1;
-                    if tx.send(Arrival::Connected(generation, client)).is_err() {
+                    if tx
+                        .send(Arrival::Connected(generation, client))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                     for p in early {
                         if P::view(&p).qos == 0 {
                             queued0.fetch_add(1, Ordering::Relaxed);
                         }
-                        if tx.send(Arrival::Publish(p, generation)).is_err() {
+                        if tx.send(Arrival::Publish(p, generation)).await.is_err() {
                             return;
                         }
                     }

@@ -448,6 +448,116 @@ async fn a_backlog_far_larger_than_the_window_flows_through() {
 }
 
 #[tokio::test]
+async fn a_broker_past_its_in_flight_limit_is_held_back_not_buffered() {
+    // A broker with no in-flight limit forwards every message as it comes (mosquitto 2.0 also
+    // sent a persistent session's 400 000-message backlog at once with its limit at 1000).
+    // While the sink holds every event, the source must stop reading, so that the messages
+    // wait with the broker and in the socket buffers instead of in Sluice's memory; once the
+    // sink settles, everything flows.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let d = dir.path().to_path_buf();
+    let broker = sluice_core::testkit::peers::spawn_server_on(
+        "/usr/sbin/mosquitto",
+        dir.path(),
+        None,
+        move |p| {
+            let conf = d.join(format!("flood-{p}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "listener {p} 127.0.0.1\nallow_anonymous true\npersistence false\n\
+                     max_inflight_messages 0\nmax_queued_messages 0\nsys_interval 1\n"
+                ),
+            )
+            .unwrap();
+            vec!["-c".into(), conf.display().to_string()]
+        },
+    );
+    let url = format!("mqtt://127.0.0.1:{}", broker.port);
+    let cfg =
+        json!({"url": url, "topics": ["f/#"], "client_id": "sluice-flood", "max_in_flight": 50});
+    let (mut rig, _task) = start_source("mqtt-flood", cfg).await;
+    let mut capture = rig.capture();
+    // 10 000 messages of 4 KiB (40 MB), which the broker forwards as they come.
+    const N: usize = 10_000;
+    let mut p = peer(broker.port).await;
+    let body = vec![b'x'; 4096];
+    for _ in 0..N {
+        p.client
+            .publish("f/x", QoS::AtLeastOnce, false, body.clone())
+            .await
+            .unwrap();
+    }
+    for _ in 0..N {
+        tokio::time::timeout(Duration::from_secs(20), p.acks.recv())
+            .await
+            .expect("PUBACK")
+            .unwrap();
+    }
+    let mut held = Vec::new();
+    while held.len() < 50 {
+        held.push(
+            capture
+                .next_for("the window's events", Duration::from_secs(10))
+                .await,
+        );
+    }
+    // Held back, the source stops reading: what the broker sends then waits in the socket's
+    // receive queue (the kernel's, bounded), not in Sluice. Without backpressure the
+    // connection task read everything into an unbounded queue, leaving the socket empty.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let queued = receive_queue_towards(broker.port);
+        if queued >= 64 << 10 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{queued} bytes wait in the socket while the source holds 50 events: it read on"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for item in held {
+        item.delivery.delivered();
+    }
+    let got = capture.auto(Status::Delivered);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while got.len() + 50 < N {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {N} delivered after the sink let go",
+            got.len() + 50
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The most bytes waiting unread in one of this machine's established TCP connections to
+/// `port` on 127.0.0.1 (the client side, `/proc/net/tcp`).
+fn receive_queue_towards(port: u16) -> u64 {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let remote = format!("0100007F:{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // sl local_address rem_address st tx_queue:rx_queue …; 01 is ESTABLISHED.
+            (f.len() > 4 && f[2] == remote && f[3] == "01").then(|| f[4])
+        })
+        .filter_map(|q| {
+            q.split_once(':')
+                .and_then(|(_, rx)| u64::from_str_radix(rx, 16).ok())
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
 async fn tls_with_client_certificates_both_ways() {
     use sluice_core::testkit::peers::spawn_server_on;
     let pki = sluice_core::testkit::pki();
