@@ -382,7 +382,9 @@ impl MqttSource {
         // (rumqttc writes one request per turn of its loop, while it reads up to ten messages:
         // under a flood the acknowledgements fall behind; each waits as its packet id only).
         // QoS 0 messages past max_in_flight queued are dropped (`queued0`).
-        let (tx, mut rx) = mpsc::channel::<Arrival<P>>(self.cfg.max_in_flight.clamp(16, 4096));
+        // Room for at least 1000: a broker that keeps to an in-flight limit up to the window
+        // plus that never fills it, so the connection task keeps polling (and pinging).
+        let (tx, mut rx) = mpsc::channel::<Arrival<P>>(self.cfg.max_in_flight.clamp(1000, 4096));
         let queued0 = Arc::new(AtomicUsize::new(0));
         let filters = link.filters.clone();
         let pump = tokio::spawn(pump::<P>(
@@ -493,9 +495,16 @@ impl MqttSource {
                     }
                 }
                 _ = tokio::time::sleep(UNSENT_RETRY), if !unsent.is_empty() => {
-                    self.flush::<P>(&client, &mut unsent);
+                    if pump.is_finished() {
+                        unsent.clear(); // no connection to send them on: the broker resends
+                    } else {
+                        self.flush::<P>(&client, &mut unsent);
+                    }
                 }
                 _ = ctx.shutdown.cancelled(), if !stopping => {}
+                // Stopping with nothing in flight, and nothing more can be taken (the tracker
+                // full of messages whose retries were given up at shutdown).
+                else => break,
             }
         }
         self.release::<P>(&client, &mut marks, &mut entries, generation, &mut unsent);

@@ -482,7 +482,8 @@ async fn a_broker_past_its_in_flight_limit_is_held_back_not_buffered() {
         json!({"url": url, "topics": ["f/#"], "client_id": "sluice-flood", "max_in_flight": 50});
     let (mut rig, _task) = start_source("mqtt-flood", cfg).await;
     let mut capture = rig.capture();
-    // 10 000 messages of 4 KiB (40 MB), which the broker forwards as they come.
+    // 10 000 messages of 4 KiB (40 MB), which the broker forwards as they come: the window (50)
+    // and the hand-off (1000) take 4 MB of them.
     const N: usize = 10_000;
     let mut p = peer(broker.port).await;
     let body = vec![b'x'; 4096];
@@ -510,11 +511,14 @@ async fn a_broker_past_its_in_flight_limit_is_held_back_not_buffered() {
     // receive queue (the kernel's, bounded), not in Sluice. Without backpressure the
     // connection task read everything into an unbounded queue, leaving the socket empty.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    let mut full_samples = 0;
+    while full_samples < 5 {
         let queued = receive_queue_towards(broker.port);
-        if queued >= 64 << 10 {
-            break;
-        }
+        full_samples = if queued >= 32 << 10 {
+            full_samples + 1
+        } else {
+            0
+        };
         assert!(
             tokio::time::Instant::now() < deadline,
             "{queued} bytes wait in the socket while the source holds 50 events: it read on"
@@ -534,6 +538,12 @@ async fn a_broker_past_its_in_flight_limit_is_held_back_not_buffered() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        got.len() + 50,
+        N,
+        "messages delivered twice: the connection was lost"
+    );
 }
 
 /// The most bytes waiting unread in one of this machine's established TCP connections to
