@@ -382,9 +382,11 @@ impl MqttSource {
         // (rumqttc writes one request per turn of its loop, while it reads up to ten messages:
         // under a flood the acknowledgements fall behind; each waits as its packet id only).
         // QoS 0 messages past max_in_flight queued are dropped (`queued0`).
-        // Room for at least 1000: a broker that keeps to an in-flight limit up to the window
-        // plus that never fills it, so the connection task keeps polling (and pinging).
-        let (tx, mut rx) = mpsc::channel::<Arrival<P>>(self.cfg.max_in_flight.clamp(1000, 4096));
+        // As large as the window, at least 64: a broker that keeps to an in-flight limit up to
+        // the window plus this never fills it, so the connection task keeps polling (and
+        // pinging); brokers' defaults are 10 to 32. Not larger: a small `max_in_flight` is how a
+        // user bounds memory for large messages.
+        let (tx, mut rx) = mpsc::channel::<Arrival<P>>(self.cfg.max_in_flight.clamp(64, 4096));
         let queued0 = Arc::new(AtomicUsize::new(0));
         let filters = link.filters.clone();
         let pump = tokio::spawn(pump::<P>(

@@ -483,7 +483,7 @@ async fn a_broker_past_its_in_flight_limit_is_held_back_not_buffered() {
     let (mut rig, _task) = start_source("mqtt-flood", cfg).await;
     let mut capture = rig.capture();
     // 10 000 messages of 4 KiB (40 MB), which the broker forwards as they come: the window (50)
-    // and the hand-off (1000) take 4 MB of them.
+    // and the hand-off (64) take about 0.5 MB of them.
     const N: usize = 10_000;
     let mut p = peer(broker.port).await;
     let body = vec![b'x'; 4096];
