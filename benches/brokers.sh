@@ -40,10 +40,10 @@ PARTS=${PARTS:-"sources sinks"}
 # SOURCES: which source benchmarks run (R Redis Streams, A RabbitMQ, M mosquitto).
 SOURCES=${SOURCES:-"R A M"}
 # SINKS: which sink benchmarks run (the same letters).
+SINKS=${SINKS:-"R A M"}
 # RAW_CE=1: the R and A sink rounds also run their raw loop with --ce, each message written as
 # the sink writes the benchmark's events (the binary-mode CloudEvents fields or headers), and
 # print Sluice's ratio against that too (keys redis-sink-ce, amqp-sink-ce).
-SINKS=${SINKS:-"R A M"}
 BATCH=${BATCH:-1}
 REDIS_PORT=16380
 MQTT_PORT=11884
@@ -149,21 +149,22 @@ done
 # Sinks: webhook → sink against the raw publish loops.
 # RESET (a command, optional) runs before each half of a sink round, so that both halves find
 # the broker in the same state (the Redis stream empty: a full one trims on every XADD).
+# Runs a raw loop (the command line in "$@") where Sluice runs; prints "rate loop-CPU% broker-CPU%".
+raw_run() {
+  local b0 t0 rate; b0=$(cpu_of "$BPID"); t0=$(date +%s.%N)
+  rate=$($SERVER_PIN /usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$@")
+  echo "$rate $(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' "$work/raw.time") $(cpu_pct "$b0" "$(cpu_of "$BPID")" "$(python3 -c "import time; print(time.time() - $t0)")")"
+}
 sink_round() { # name raw-command... ; the sink config is in $work/sink.yaml
   local key=$1; shift
   ${RESET:-true} >/dev/null
-  local b0 t0 st0; b0=$(cpu_of "$BPID"); t0=$(date +%s.%N); st0=$(steal_of)
-  local raw; raw=$($SERVER_PIN /usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$@")
-  local raw_cpu; raw_cpu=$(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' "$work/raw.time")
-  local raw_b; raw_b=$(cpu_pct "$b0" "$(cpu_of "$BPID")" "$(python3 -c "import time; print(time.time() - $t0)")")
+  local t0 st0; t0=$(date +%s.%N); st0=$(steal_of)
+  local raw raw_cpu raw_b; read -r raw raw_cpu raw_b <<<"$(raw_run "$@")"
   # RAW_CE=1: the raw loop also runs with --ce (messages shaped as the sink writes them).
   local rawce="" rawce_cpu rawce_b
   if [ "${RAW_CE:-0}" = 1 ] && [ -n "${CE_OK:-}" ]; then
     ${RESET:-true} >/dev/null
-    b0=$(cpu_of "$BPID"); t0=$(date +%s.%N)
-    rawce=$($SERVER_PIN /usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$@" --ce)
-    rawce_cpu=$(awk '/^LOADCPU/ {printf "%.0f", 100*($2+$3)/$4}' "$work/raw.time")
-    rawce_b=$(cpu_pct "$b0" "$(cpu_of "$BPID")" "$(python3 -c "import time; print(time.time() - $t0)")")
+    read -r rawce rawce_cpu rawce_b <<<"$(raw_run "$@" --ce)"
   fi
   { printf 'admin: { enabled: false }\nsources:\n  hooks: { kind: webhook, listen: 127.0.0.1:%s, path: /, ack: delivered }\nsinks:\n' $PORT; cat "$work/sink.yaml"; printf 'routes:\n  - { from: [hooks], to: [out] }\n'; } > "$work/sluice.yaml"
   ${RESET:-true} >/dev/null
