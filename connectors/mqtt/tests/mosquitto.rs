@@ -455,27 +455,10 @@ async fn a_broker_past_its_in_flight_limit_is_held_back_not_buffered() {
     // wait with the broker and in the socket buffers instead of in Sluice's memory; once the
     // sink settles, everything flows.
     let dir = tempfile::tempdir().unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    }
-    let d = dir.path().to_path_buf();
-    let broker = sluice_core::testkit::peers::spawn_server_on(
-        "/usr/sbin/mosquitto",
+    let broker = sluice_core::testkit::peers::spawn_mosquitto_with(
         dir.path(),
         None,
-        move |p| {
-            let conf = d.join(format!("flood-{p}.conf"));
-            std::fs::write(
-                &conf,
-                format!(
-                    "listener {p} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-                     max_inflight_messages 0\nmax_queued_messages 0\nsys_interval 1\n"
-                ),
-            )
-            .unwrap();
-            vec!["-c".into(), conf.display().to_string()]
-        },
+        "max_inflight_messages 0\nmax_queued_messages 0\n",
     );
     let url = format!("mqtt://127.0.0.1:{}", broker.port);
     let cfg =

@@ -325,6 +325,16 @@ pub fn spawn_redis(dir: &Path, port: Option<u16>) -> ServerProcess {
 /// persistence file in `dir` (saved on a clean stop, so a restart keeps sessions and queued
 /// messages) and a large in-flight window.
 pub fn spawn_mosquitto(dir: &Path, port: Option<u16>) -> ServerProcess {
+    spawn_mosquitto_with(
+        dir,
+        port,
+        "max_inflight_messages 1000\nmax_queued_messages 100000\n",
+    )
+}
+
+/// [`spawn_mosquitto`] with other per-client limits: `limits` is the configuration's tail
+/// (`max_inflight_messages 0` for a broker that forwards without waiting for acknowledgements).
+pub fn spawn_mosquitto_with(dir: &Path, port: Option<u16>, limits: &str) -> ServerProcess {
     let program = if Path::new("/usr/sbin/mosquitto").exists() {
         "/usr/sbin/mosquitto"
     } else {
@@ -337,12 +347,13 @@ pub fn spawn_mosquitto(dir: &Path, port: Option<u16>) -> ServerProcess {
         let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777));
     }
     let dir_owned = dir.to_path_buf();
+    let limits = limits.to_owned();
     spawn_server_on(program, dir, port, move |p| {
         let conf = dir_owned.join(format!("mosquitto-{p}.conf"));
         std::fs::write(
             &conf,
             format!(
-                "listener {p} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nmax_inflight_messages 1000\nmax_queued_messages 100000\n",
+                "listener {p} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n{limits}",
                 dir_owned.display()
             ),
         )
