@@ -191,7 +191,8 @@ async fn start<P: Proto>(
     let capacity = 65_535 + 64;
     let (client, mut eventloop) = P::client(opts.clone(), capacity);
     let filters: Vec<(String, u8)> = cfg.topics.iter().map(|t| (t.clone(), cfg.qos)).collect();
-    // Built means subscribed: connect and wait for the SUBACK (10 s at most).
+    // Built means subscribed: connect and wait for the SUBACK, or with a kept session for the
+    // CONNACK (its subscriptions are in force), 10 s at most.
     let mut early = Vec::new();
     let session_present = tokio::time::timeout(
         Duration::from_secs(10),
@@ -223,7 +224,8 @@ async fn start<P: Proto>(
 }
 
 /// Connects and subscribes; returns whether the broker had a session for this client, and the
-/// messages it sent meanwhile (a persistent session's backlog arrives right after CONNACK).
+/// messages it sent meanwhile. With a session, it returns at CONNACK (a persistent session's
+/// backlog arrives right after it), without waiting for the SUBACK of a subscription sent again.
 async fn connect<P: Proto>(
     client: &P::Client,
     eventloop: &mut P::EventLoop,
@@ -251,6 +253,13 @@ async fn connect<P: Proto>(
                 P::subscribe(client, filters.to_vec())
                     .await
                     .map_err(|e| format!("subscribe: {e}"))?;
+                if present {
+                    // The session's backlog comes next, ahead of the SUBACK, at the broker's
+                    // pace (mosquitto 2.0 sends all of it at once). Waiting for the SUBACK here
+                    // would read all of it into memory; the pump reads it as the source takes
+                    // it, and reports a refused subscription when its SUBACK comes.
+                    return Ok(true);
+                }
             }
             Ok(Polled::SubAck { failed }) => {
                 if let Some(i) = failed {
@@ -696,6 +705,11 @@ async fn pump<P: Proto>(
                     }
                 }
                 Ok(Polled::Disconnected) => return,
+                // The SUBACK of a subscription sent again over a kept session, which `connect`
+                // did not wait for: the session's old subscriptions stay in force.
+                Ok(Polled::SubAck { failed: Some(i) }) => {
+                    tracing::error!(source = %name, filter = ?link.filters.get(i).map(|f| f.0.as_str()), "mqtt: the broker refused the subscription; the session's earlier subscriptions, if any, still deliver; check the ACL for this user");
+                }
                 Ok(_) => {}
                 Err(PollError::Done) => return,
                 Err(PollError::Lost(e)) => {

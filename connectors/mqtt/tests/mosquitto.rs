@@ -529,6 +529,83 @@ async fn a_broker_past_its_in_flight_limit_is_held_back_not_buffered() {
     );
 }
 
+#[tokio::test]
+async fn a_session_backlog_is_held_back_while_the_source_subscribes_again() {
+    // A persistent session's backlog comes right after CONNACK, ahead of the SUBACK of the
+    // subscription a start sends again. The source used to keep all of it in memory until the
+    // SUBACK arrived; it must wait in the broker and the socket instead, as once subscribed.
+    let dir = tempfile::tempdir().unwrap();
+    let broker = sluice_core::testkit::peers::spawn_mosquitto_with(
+        dir.path(),
+        None,
+        "max_inflight_messages 0\nmax_queued_messages 0\n",
+    );
+    let url = format!("mqtt://127.0.0.1:{}", broker.port);
+    let cfg =
+        json!({"url": url, "topics": ["s/#"], "client_id": "sluice-session", "max_in_flight": 50});
+    let (rig0, task0) = start_source("mqtt-session-0", cfg.clone()).await;
+    rig0.shutdown.cancel();
+    task0.await.unwrap().unwrap();
+    // 10 000 messages of 4 KiB (40 MB) wait in the session.
+    const N: usize = 10_000;
+    let mut p = peer(broker.port).await;
+    let body = vec![b'x'; 4096];
+    for _ in 0..N {
+        p.client
+            .publish("s/x", QoS::AtLeastOnce, false, body.clone())
+            .await
+            .unwrap();
+    }
+    for _ in 0..N {
+        tokio::time::timeout(Duration::from_secs(20), p.acks.recv())
+            .await
+            .expect("PUBACK")
+            .unwrap();
+    }
+    let (mut rig, _task) = start_source("mqtt-session", cfg).await;
+    let mut capture = rig.capture();
+    let mut held = Vec::new();
+    while held.len() < 50 {
+        held.push(
+            capture
+                .next_for("the window's events", Duration::from_secs(10))
+                .await,
+        );
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut full_samples = 0;
+    while full_samples < 5 {
+        // A fresh connection's receive buffer holds less than a long-used one's: about 29 KB
+        // of these messages here, against 0 when the source read the backlog on.
+        let queued = receive_queue_towards(broker.port);
+        full_samples = if queued >= 16 << 10 {
+            full_samples + 1
+        } else {
+            0
+        };
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{queued} bytes wait in the socket while the source holds 50 events: it read the backlog on"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for item in held {
+        item.delivery.delivered();
+    }
+    let got = capture.auto(Status::Delivered);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while got.len() + 50 < N {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {N} delivered after the sink let go",
+            got.len() + 50
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(got.len() + 50, N, "messages delivered twice");
+}
+
 /// The most bytes waiting unread in one of this machine's established TCP connections to
 /// `port` on 127.0.0.1 (the client side, `/proc/net/tcp`).
 fn receive_queue_towards(port: u16) -> u64 {
