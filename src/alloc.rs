@@ -91,4 +91,31 @@ mod tests {
             unsafe { a.dealloc(p, l) };
         }
     }
+
+    /// With `override`, C code's `malloc`, `calloc` and `realloc` (librdkafka's, aws-lc's) are
+    /// mimalloc's, and so are glibc's own allocations (`strdup` here), which C code frees with
+    /// the same `free`: a block from glibc's allocator reaching mimalloc's `free` would corrupt
+    /// the heap.
+    #[test]
+    fn the_c_libraries_allocate_from_mimalloc_too() {
+        extern "C" {
+            fn malloc(size: usize) -> *mut c_void;
+            fn calloc(n: usize, size: usize) -> *mut c_void;
+            fn realloc(p: *mut c_void, size: usize) -> *mut c_void;
+            fn free(p: *mut c_void);
+            fn strdup(s: *const std::ffi::c_char) -> *mut std::ffi::c_char;
+            fn mi_is_in_heap_region(p: *const c_void) -> bool;
+        }
+        unsafe {
+            let m = malloc(100);
+            let c = calloc(4, 600);
+            let r = realloc(malloc(10), 70_000);
+            let d = strdup(c"glibc allocates this".as_ptr()) as *mut c_void;
+            for (what, p) in [("malloc", m), ("calloc", c), ("realloc", r), ("strdup", d)] {
+                assert!(!p.is_null(), "{what}");
+                assert!(mi_is_in_heap_region(p), "{what} did not come from mimalloc");
+                free(p);
+            }
+        }
+    }
 }
