@@ -308,14 +308,30 @@ impl Expr {
 
     /// Evaluates over the event's JSON data. A field whose path does not exist is an error
     /// (as in Argo); so is a result that is not a boolean.
+    ///
+    /// The fields are bound through a resolver over their looked-up values, not added to the
+    /// context one by one: that took a copy of each name and string value, a box and a map
+    /// node per field, per event. A scalar becomes a CEL value when the program reads it (a
+    /// string borrows the one copy made here); arrays and objects are converted before, so that
+    /// one nested too deep is refused here, as before.
     pub fn eval<'a>(
         &'a self,
         root: &cel::Context<'_, '_>,
         data: &crate::filter::Lookup<'_, 'a>,
     ) -> Result<bool, String> {
-        let mut cx = root.new_inner_scope();
-        for (name, path) in &self.fields {
-            let v = data.with(path, |v| v.exists().then(|| to_cel(v, 0)));
+        let mut vals = smallvec::SmallVec::<[Bound; 4]>::new();
+        for (_, path) in &self.fields {
+            let v = data.with(path, |v| {
+                v.exists().then(|| match v.kind() {
+                    gjson::Kind::Array | gjson::Kind::Object => to_cel(v, 0).map(Bound::Compound),
+                    gjson::Kind::Null => Some(Bound::Null),
+                    gjson::Kind::False => Some(Bound::Bool(false)),
+                    gjson::Kind::True => Some(Bound::Bool(true)),
+                    // Every number a double: govaluate's float64.
+                    gjson::Kind::Number => Some(Bound::Number(v.f64())),
+                    gjson::Kind::String => Some(Bound::String(v.str().to_owned())),
+                })
+            });
             let Some(v) = v else {
                 return Err(format!("path {path:?} does not exist in the event's data"));
             };
@@ -325,8 +341,14 @@ impl Expr {
                     crate::json::MAX_DEPTH
                 ));
             };
-            cx.add_variable_from_value(name.as_str(), v);
+            vals.push(v);
         }
+        let fields = Fields {
+            names: &self.fields,
+            vals,
+        };
+        let mut cx = root.new_inner_scope();
+        cx.set_variable_resolver(&fields);
         match self.program.execute(&cx) {
             Ok(cel::Value::Bool(b)) => Ok(b),
             Ok(other) => Err(format!("{:?} gave {other:?}, not a boolean", self.source)),
@@ -337,6 +359,38 @@ impl Expr {
             )),
             Err(e) => Err(format!("{:?}: {e}", self.source)),
         }
+    }
+}
+
+/// A field's value for one evaluation.
+enum Bound {
+    Null,
+    Bool(bool),
+    Number(f64),
+    /// Read by CEL as a string that borrows this one.
+    String(String),
+    /// An array or an object, converted already.
+    Compound(cel::Value),
+}
+
+/// An expression's fields (CEL names, in `Expr::fields` order) and their values.
+struct Fields<'e> {
+    names: &'e [(String, String)],
+    vals: smallvec::SmallVec<[Bound; 4]>,
+}
+
+impl cel::context::VariableResolver for Fields<'_> {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<cel::common::value::CowVal<'b, 'b>> {
+        use cel::common::types::{CelBool, CelDouble, CelNull, CelString};
+        use cel::common::value::CowVal;
+        let i = self.names.iter().position(|(n, _)| n == variable)?;
+        Some(match &self.vals[i] {
+            Bound::Null => CowVal::owned(CelNull),
+            Bound::Bool(b) => CowVal::owned(CelBool::from(*b)),
+            Bound::Number(n) => CowVal::owned(CelDouble::from(*n)),
+            Bound::String(t) => CowVal::owned(CelString::from(t.as_str())),
+            Bound::Compound(v) => CowVal::Owned(v.clone().try_into().ok()?),
+        })
     }
 }
 
@@ -441,6 +495,26 @@ mod tests {
         let e = run("a + 1", &[("a", "a")], data).unwrap_err();
         assert!(e.contains("not a boolean"), "{e}");
         assert!(run("'open", &[], data).unwrap_err().contains("not closed"));
+    }
+
+    #[test]
+    fn every_json_kind_binds_and_a_field_reads_twice() {
+        let data = r#"{"s":"a\"b","t":true,"f":false,"z":null,"n":2.5,"l":[1,"x"],"o":{"k":"v"}}"#;
+        let f = [
+            ("s", "s"),
+            ("t", "t"),
+            ("f", "f"),
+            ("z", "z"),
+            ("n", "n"),
+            ("l", "l"),
+            ("o", "o"),
+        ];
+        assert!(run(r#"s == "a\"b" && s != "ab""#, &f, data).unwrap());
+        assert!(run("t && !f && t != f", &f, data).unwrap());
+        assert!(run("z == nil", &f, data).unwrap());
+        assert!(run("n * n == 6.25 && n > 2", &f, data).unwrap());
+        assert!(run("[l] == [l] && [o] == [o]", &f, data).unwrap());
+        assert!(!run("[l] == [o]", &f, data).unwrap());
     }
 
     #[test]
