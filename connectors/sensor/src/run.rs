@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use croner::Cron;
-use futures_util::future::{join_all, Either};
-use futures_util::FutureExt as _;
+use futures_util::future::join_all;
 use metrics::{counter, gauge, Counter, Gauge};
 use sluice_core::event::check_extension_name;
 use sluice_core::pipeline::{SinkWindow, Step, DEAD_LETTER_REASON, DEAD_LETTER_SINK};
@@ -1221,8 +1220,13 @@ impl Run {
                 return delivery.failed(format!("sensor {}: state store: {e}", self.sensor.name));
             }
         };
-        // The runs an at-least-once input waits for: one future type (no box per run).
-        let mut waits = Vec::new();
+        // The runs an at-least-once input waits for, as what starts them: each run's future is
+        // made inside the one box the window holds (a run's future is several KiB; made here
+        // and moved into a list, out of it, into the settling future and into its box, it was
+        // copied four times per input).
+        let mut waits: Vec<(Firing, Vec<Event>)> = Vec::new();
+        // The worst outcome among the runs refused before they started.
+        let mut refused: Option<Outcome> = None;
         for f in firings {
             let tr = &self.sensor.triggers[f.trigger];
             let outs = match self.sensor.outputs(tr, &f.events) {
@@ -1235,8 +1239,8 @@ impl Run {
                         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
                         st.spend(&self.sensor, f.trigger, key, taken);
                     }
-                    if tr.at_least_once {
-                        waits.push(Either::Left(futures_util::future::ready(Outcome {
+                    if tr.at_least_once && refused.is_none() {
+                        refused = Some(Outcome {
                             status: Status::Rejected,
                             reason: Some(format!(
                                 "sensor {} trigger {}: {e}",
@@ -1245,43 +1249,44 @@ impl Run {
                             events: 1,
                             duplicates: 0,
                             each: Vec::new(),
-                        })));
+                        });
                     }
                     continue;
                 }
             };
-            let at_least_once = tr.at_least_once;
-            let run = self.fire(f, outs);
-            if at_least_once {
-                waits.push(Either::Right(run));
+            if tr.at_least_once {
+                waits.push((f, outs));
             } else {
-                window.push(run.map(drop).boxed());
+                let run = self.clone();
+                window.push(Box::pin(async move {
+                    run.fire(f, outs).await;
+                }));
             }
         }
-        match waits.len() {
-            0 => delivery.delivered(),
+        match (waits.len(), refused) {
+            (0, None) => delivery.delivered(),
+            (0, Some(o)) => delivery.settle_with(&o),
             // The usual case: one box for the run and the input's settling.
-            1 => {
-                let run = waits.pop().expect("one run");
-                window.push(
-                    async move {
-                        let outcome = run.await;
-                        delivery.settle_with(&outcome);
-                    }
-                    .boxed(),
-                );
+            (1, None) => {
+                let (f, outs) = waits.pop().expect("one run");
+                let run = self.clone();
+                window.push(Box::pin(async move {
+                    let outcome = run.fire(f, outs).await;
+                    delivery.settle_with(&outcome);
+                }));
             }
-            _ => window.push(
-                async move {
-                    let outcomes = join_all(waits).await;
-                    let worst = outcomes.into_iter().max_by_key(|o| o.status);
+            (_, refused) => {
+                let run = self.clone();
+                window.push(Box::pin(async move {
+                    let outcomes =
+                        join_all(waits.into_iter().map(|(f, outs)| run.fire(f, outs))).await;
+                    let worst = outcomes.into_iter().chain(refused).max_by_key(|o| o.status);
                     match worst {
                         Some(o) => delivery.settle_with(&o),
                         None => delivery.delivered(),
                     }
-                }
-                .boxed(),
-            ),
+                }));
+            }
         }
     }
 }
