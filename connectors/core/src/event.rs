@@ -36,10 +36,24 @@ impl EventError {
 
 /// An RFC 3339 timestamp, kept as the text it was given (validated), so it passes through
 /// byte for byte.
-#[derive(Clone, Debug, Eq)]
+///
+/// One made from an instant ([`Timestamp::from_utc`], [`Timestamp::now`]) is written out the
+/// first time its text is read: most events get their time that way, and on paths where
+/// nothing encodes the event (a `null` sink, a filter that drops it) the text was made, kept
+/// and freed for nothing, per event.
+#[derive(Clone, Eq)]
 pub struct Timestamp {
-    text: String,
+    text: std::sync::OnceLock<String>,
     at: DateTime<FixedOffset>,
+}
+
+impl std::fmt::Debug for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Timestamp")
+            .field("text", &self.as_str())
+            .field("at", &self.at)
+            .finish()
+    }
 }
 
 impl Timestamp {
@@ -53,16 +67,16 @@ impl Timestamp {
             .filter(|_| ok_shape)
             .ok_or_else(|| EventError(format!("time {text:?} is not an RFC 3339 timestamp")))?;
         Ok(Timestamp {
-            text: text.to_owned(),
+            text: std::sync::OnceLock::from(text.to_owned()),
             at,
         })
     }
 
     /// A timestamp for an instant, formatted in UTC (`Z`) with the precision it has, up to
-    /// nanoseconds.
+    /// nanoseconds, when its text is first read.
     pub fn from_utc(at: DateTime<Utc>) -> Self {
         Timestamp {
-            text: format_utc(&at),
+            text: std::sync::OnceLock::new(),
             at: at.fixed_offset(),
         }
     }
@@ -72,7 +86,14 @@ impl Timestamp {
     }
 
     pub fn as_str(&self) -> &str {
-        &self.text
+        // Unset only for `from_utc`, whose offset is zero.
+        self.text.get_or_init(|| format_utc(&self.at.to_utc()))
+    }
+
+    /// The text's length, without writing the text out: a text not made yet counts as the
+    /// longest `from_utc` writes (`YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ`).
+    fn text_len(&self) -> usize {
+        self.text.get().map_or(30, String::len)
     }
 
     pub fn instant(&self) -> DateTime<FixedOffset> {
@@ -401,7 +422,7 @@ impl Event {
             + self.datacontenttype.as_ref().map_or(0, String::len)
             + self.dataschema.as_ref().map_or(0, String::len)
             + self.subject.as_ref().map_or(0, String::len)
-            + self.time.as_ref().map_or(0, |t| t.as_str().len())
+            + self.time.as_ref().map_or(0, Timestamp::text_len)
             + self
                 .extensions
                 .iter()
@@ -681,6 +702,29 @@ mod tests {
             );
             assert_eq!(t.instant(), at.fixed_offset());
         }
+    }
+
+    #[test]
+    fn a_time_made_from_an_instant_is_written_out_only_when_read() {
+        use chrono::TimeZone;
+        let t = Timestamp::from_utc(Utc.timestamp_opt(1_700_000_000, 123_456_789).unwrap());
+        let e = Event::new("1", "/s", "t").with_time(t.clone());
+        let estimated = e.approx_size();
+        let kept = e.time.as_ref().unwrap();
+        assert!(
+            kept.text.get().is_none(),
+            "sizing the event wrote the text out"
+        );
+        assert_eq!(kept.as_str(), "2023-11-14T22:13:20.123456789Z");
+        // The estimate is the longest text: the real one is no longer.
+        assert!(e.approx_size() <= estimated);
+        let copy = e.clone();
+        assert_eq!(
+            copy.time.as_ref().unwrap().text.get().map(String::as_str),
+            Some(kept.as_str())
+        );
+        assert_eq!(&t, kept);
+        assert_eq!(format!("{t:?}"), format!("{kept:?}"));
     }
 
     #[test]
