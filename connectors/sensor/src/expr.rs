@@ -323,13 +323,13 @@ impl Expr {
         for (_, path) in &self.fields {
             let v = data.with(path, |v| {
                 v.exists().then(|| match v.kind() {
-                    gjson::Kind::Array | gjson::Kind::Object => to_cel(v, 0).map(Bound::Compound),
-                    gjson::Kind::Null => Some(Bound::Null),
-                    gjson::Kind::False => Some(Bound::Bool(false)),
-                    gjson::Kind::True => Some(Bound::Bool(true)),
+                    gjson::Kind::Array | gjson::Kind::Object => to_cel(v, 0).map(Err),
+                    gjson::Kind::Null => Some(Ok(Bound::Null)),
+                    gjson::Kind::False => Some(Ok(Bound::Bool(false))),
+                    gjson::Kind::True => Some(Ok(Bound::Bool(true))),
                     // Every number a double: govaluate's float64.
-                    gjson::Kind::Number => Some(Bound::Number(v.f64())),
-                    gjson::Kind::String => Some(Bound::String(v.str().to_owned())),
+                    gjson::Kind::Number => Some(Ok(Bound::Number(v.f64()))),
+                    gjson::Kind::String => Some(Ok(Bound::String(v.str().to_owned()))),
                 })
             });
             let Some(v) = v else {
@@ -341,7 +341,17 @@ impl Expr {
                     crate::json::MAX_DEPTH
                 ));
             };
-            vals.push(v);
+            vals.push(match v {
+                Ok(b) => b,
+                Err(compound) => {
+                    Bound::Compound(compound.try_into().map_err(|e: cel::ExecutionError| {
+                        format!(
+                            "{:?}: the value at {path:?} cannot be bound ({e})",
+                            self.source
+                        )
+                    })?)
+                }
+            });
         }
         let fields = Fields {
             names: &self.fields,
@@ -369,8 +379,8 @@ enum Bound {
     Number(f64),
     /// Read by CEL as a string that borrows this one.
     String(String),
-    /// An array or an object, converted already.
-    Compound(cel::Value),
+    /// An array or an object, converted once per evaluation (read as a borrow).
+    Compound(Box<dyn cel::common::value::Val>),
 }
 
 /// An expression's fields (CEL names, in `Expr::fields` order) and their values.
@@ -383,13 +393,14 @@ impl cel::context::VariableResolver for Fields<'_> {
     fn resolve<'b>(&'b self, variable: &str) -> Option<cel::common::value::CowVal<'b, 'b>> {
         use cel::common::types::{CelBool, CelDouble, CelNull, CelString};
         use cel::common::value::CowVal;
-        let i = self.names.iter().position(|(n, _)| n == variable)?;
+        // The last field of a name wins, as the last `add_variable` did (and Argo's map).
+        let i = self.names.iter().rposition(|(n, _)| n == variable)?;
         Some(match &self.vals[i] {
             Bound::Null => CowVal::owned(CelNull),
             Bound::Bool(b) => CowVal::owned(CelBool::from(*b)),
             Bound::Number(n) => CowVal::owned(CelDouble::from(*n)),
             Bound::String(t) => CowVal::owned(CelString::from(t.as_str())),
-            Bound::Compound(v) => CowVal::Owned(v.clone().try_into().ok()?),
+            Bound::Compound(v) => CowVal::Borrowed(v.as_ref()),
         })
     }
 }
@@ -515,6 +526,9 @@ mod tests {
         assert!(run("n * n == 6.25 && n > 2", &f, data).unwrap());
         assert!(run("[l] == [l] && [o] == [o]", &f, data).unwrap());
         assert!(!run("[l] == [o]", &f, data).unwrap());
+        // A name given twice: the last binding wins, as in Argo (a map of parameters).
+        let twice = [("x", "n"), ("x", "s")];
+        assert!(run(r#"x == "a\"b""#, &twice, data).unwrap());
     }
 
     #[test]
