@@ -194,7 +194,7 @@ async fn start<P: Proto>(
     // Built means subscribed: connect and wait for the SUBACK, or with a kept session for the
     // CONNACK (its subscriptions are in force), 10 s at most.
     let mut early = Vec::new();
-    let session_present = tokio::time::timeout(
+    let (session_present, suback_pending) = tokio::time::timeout(
         Duration::from_secs(10),
         connect::<P>(&client, &mut eventloop, &filters, true, &mut early),
     )
@@ -206,7 +206,7 @@ async fn start<P: Proto>(
         ))
     })?
     .map_err(err)?;
-    tracing::info!(source = %name, client_id = %client_id, session_present, topics = ?cfg.topics, protocol_version = P::VERSION, "mqtt: subscribed");
+    tracing::info!(source = %name, client_id = %client_id, session_present, suback_pending, topics = ?cfg.topics, protocol_version = P::VERSION, "mqtt: subscribed");
     let source = MqttSource {
         ty: cfg.event_type.clone().unwrap_or_else(|| "mqtt".into()),
         source: cfg.event_source.clone().unwrap_or_else(|| name.clone()),
@@ -219,20 +219,23 @@ async fn start<P: Proto>(
         opts,
         capacity,
         filters,
+        resubscribe: suback_pending,
     };
     Ok(Box::pin(source.run::<P>(client, eventloop, link, early, ctx)) as Running)
 }
 
-/// Connects and subscribes; returns whether the broker had a session for this client, and the
-/// messages it sent meanwhile. With a session, it returns at CONNACK (a persistent session's
-/// backlog arrives right after it), without waiting for the SUBACK of a subscription sent again.
+/// Connects and subscribes; returns whether the broker had a session for this client and whether
+/// a SUBACK is still to come, and collects the messages it sent meanwhile. With a session, it
+/// returns at CONNACK (a persistent session's backlog arrives right after it), without waiting for
+/// the SUBACK of a subscription sent again: `(true, true)`. `always_subscribe` false: a kept
+/// session's subscriptions are left as they are.
 async fn connect<P: Proto>(
     client: &P::Client,
     eventloop: &mut P::EventLoop,
     filters: &[(String, u8)],
     always_subscribe: bool,
     early: &mut Vec<P::Publish>,
-) -> Result<bool, String> {
+) -> Result<(bool, bool), String> {
     let mut session_present = None;
     loop {
         match P::poll(eventloop).await {
@@ -248,7 +251,7 @@ async fn connect<P: Proto>(
                 if present && !always_subscribe {
                     // The broker kept the subscriptions (subscribing again would resend
                     // retained messages).
-                    return Ok(true);
+                    return Ok((true, false));
                 }
                 P::subscribe(client, filters.to_vec())
                     .await
@@ -258,7 +261,7 @@ async fn connect<P: Proto>(
                     // pace (mosquitto 2.0 sends all of it at once). Waiting for the SUBACK here
                     // would read all of it into memory; the pump reads it as the source takes
                     // it, and reports a refused subscription when its SUBACK comes.
-                    return Ok(true);
+                    return Ok((true, true));
                 }
             }
             Ok(Polled::SubAck { failed }) => {
@@ -268,7 +271,7 @@ async fn connect<P: Proto>(
                         filters.get(i).map(|f| f.0.as_str()).unwrap_or("?")
                     ));
                 }
-                return Ok(session_present.unwrap_or(false));
+                return Ok((session_present.unwrap_or(false), false));
             }
             Ok(_) => {}
             Err(PollError::Done) => return Err("cannot connect (the client stopped)".into()),
@@ -289,6 +292,10 @@ struct Link<P: Proto> {
     opts: P::Options,
     capacity: usize,
     filters: Vec<(String, u8)>,
+    /// A subscription sent over a kept session has no SUBACK yet: the next connection sends it
+    /// again even if the broker still has the session (the connection may have dropped before
+    /// the broker read it).
+    resubscribe: bool,
 }
 
 /// A QoS 1 message between arrival and acknowledgement.
@@ -659,10 +666,11 @@ const UNSENT_RETRY: Duration = Duration::from_millis(2);
 
 /// Drives the connection: forwards messages; when it drops, opens a new one with a fresh client
 /// (so that no acknowledgement queued for the old connection reaches the new one) after a
-/// backoff, and subscribes again when the broker kept no session.
+/// backoff, and subscribes again when the broker kept no session, or when the subscription sent
+/// over the kept one had no SUBACK yet.
 async fn pump<P: Proto>(
     mut eventloop: P::EventLoop,
-    link: Link<P>,
+    mut link: Link<P>,
     early: Vec<P::Publish>,
     tx: mpsc::Sender<Arrival<P>>,
     queued0: Arc<AtomicUsize>,
@@ -707,8 +715,11 @@ async fn pump<P: Proto>(
                 Ok(Polled::Disconnected) => return,
                 // The SUBACK of a subscription sent again over a kept session, which `connect`
                 // did not wait for: the session's old subscriptions stay in force.
-                Ok(Polled::SubAck { failed: Some(i) }) => {
-                    tracing::error!(source = %name, filter = ?link.filters.get(i).map(|f| f.0.as_str()), "mqtt: the broker refused the subscription; the session's earlier subscriptions, if any, still deliver; check the ACL for this user");
+                Ok(Polled::SubAck { failed }) => {
+                    link.resubscribe = false;
+                    if let Some(i) = failed {
+                        tracing::error!(source = %name, filter = ?link.filters.get(i).map(|f| f.0.as_str()), "mqtt: the broker refused the subscription; the session's earlier subscriptions, if any, still deliver; check the ACL for this user");
+                    }
                 }
                 Ok(_) => {}
                 Err(PollError::Done) => return,
@@ -729,11 +740,18 @@ async fn pump<P: Proto>(
             let mut early = Vec::new();
             let connected = tokio::time::timeout(
                 Duration::from_secs(10),
-                connect::<P>(&client, &mut el, &link.filters, false, &mut early),
+                connect::<P>(
+                    &client,
+                    &mut el,
+                    &link.filters,
+                    link.resubscribe,
+                    &mut early,
+                ),
             )
             .await;
             match connected {
-                Ok(Ok(_)) => {
+                Ok(Ok((_, suback_pending))) => {
+                    link.resubscribe = suback_pending;
                     attempts = 0;
                     generation += 1;
                     if tx

@@ -530,6 +530,41 @@ async fn a_broker_past_its_in_flight_limit_is_held_back_not_buffered() {
 }
 
 #[tokio::test]
+async fn a_topic_added_to_the_config_is_subscribed_over_a_kept_session() {
+    // The source starts at CONNACK when the broker kept its session; the subscription it sends
+    // again must still take effect (a filter added since the session was made).
+    let (a, b) = (unique("kept-a"), unique("kept-b"));
+    let client_id = unique("sluice-kept");
+    let cfg1 = json!({"url": URL, "topics": [format!("{a}/#")], "client_id": client_id});
+    let (rig1, task1) = start_source("mqtt-kept-1", cfg1).await;
+    rig1.shutdown.cancel();
+    task1.await.unwrap().unwrap();
+    let mut p = peer(1883).await;
+    p.publish(&format!("{a}/x"), "queued").await;
+    let cfg2 =
+        json!({"url": URL, "topics": [format!("{a}/#"), format!("{b}/#")], "client_id": client_id});
+    let (mut rig2, task2) = start_source("mqtt-kept-2", cfg2).await;
+    let got = rig2.capture().auto(Status::Delivered);
+    got.wait_for(1).await;
+    // The broker takes the new filter once it reads the SUBSCRIBE; publish until it routes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut n = 0;
+    while !got.events().iter().any(|e| body(e).starts_with("new-")) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing published to the added filter arrived: {:?}",
+            got.events().iter().map(body).collect::<Vec<_>>()
+        );
+        p.publish(&format!("{b}/y"), format!("new-{n}")).await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(body(&got.events()[0]), "queued");
+    rig2.shutdown.cancel();
+    task2.await.unwrap().unwrap();
+}
+
+#[tokio::test]
 async fn a_session_backlog_is_held_back_while_the_source_subscribes_again() {
     // A persistent session's backlog comes right after CONNACK, ahead of the SUBACK of the
     // subscription a start sends again. The source used to keep all of it in memory until the
