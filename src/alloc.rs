@@ -7,6 +7,19 @@
 //! mimalloc block is aligned to the machine word (block sizes are multiples of it and pages
 //! start aligned), so a layout aligned to at most a word takes the plain path; larger
 //! alignments (`u128`, cache-padded types) still go through `mi_malloc_aligned`.
+//!
+//! With `libmimalloc-sys`'s `override` feature, mimalloc is also the process's `malloc`: the C
+//! libraries linked in (librdkafka, aws-lc) and glibc's own allocations use it (docs/decisions.md).
+
+// `libmimalloc-sys`'s `override` replaces glibc's `malloc` by ELF symbol interposition, which
+// needs glibc linked dynamically; in a static or musl build it would clash with the C library's
+// own allocator or mix the two allocators' blocks.
+#[cfg(any(target_env = "musl", target_feature = "crt-static"))]
+compile_error!(
+    "the `mimalloc` feature replaces the C allocator and needs a dynamically linked glibc: \
+     build static or musl targets with `--no-default-features` and the features wanted, without \
+     `mimalloc`"
+);
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;

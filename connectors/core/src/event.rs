@@ -90,8 +90,9 @@ impl Timestamp {
         self.text.get_or_init(|| format_utc(&self.at.to_utc()))
     }
 
-    /// The text's length, without writing the text out: a text not made yet counts as the
-    /// longest `from_utc` writes (`YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ`).
+    /// The text's length, without writing the text out: a text not made yet counts as 30 bytes,
+    /// the longest `from_utc` writes for years 0 to 9999 (`YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ`; a
+    /// few more beyond them). An estimate for sizing, read once per queued event.
     fn text_len(&self) -> usize {
         self.text.get().map_or(30, String::len)
     }
