@@ -455,78 +455,19 @@ async fn a_broker_past_its_in_flight_limit_is_held_back_not_buffered() {
     // wait with the broker and in the socket buffers instead of in Sluice's memory; once the
     // sink settles, everything flows.
     let dir = tempfile::tempdir().unwrap();
-    let broker = sluice_core::testkit::peers::spawn_mosquitto_with(
-        dir.path(),
-        None,
-        "max_inflight_messages 0\nmax_queued_messages 0\n",
-    );
+    let broker = mosquitto_without_limits(dir.path());
     let url = format!("mqtt://127.0.0.1:{}", broker.port);
     let cfg =
         json!({"url": url, "topics": ["f/#"], "client_id": "sluice-flood", "max_in_flight": 50});
     let (mut rig, _task) = start_source("mqtt-flood", cfg).await;
-    let mut capture = rig.capture();
+    let capture = rig.capture();
     // 10 000 messages of 4 KiB (40 MB), which the broker forwards as they come: the window (50)
     // and the hand-off (64) take about 0.5 MB of them.
     const N: usize = 10_000;
-    let mut p = peer(broker.port).await;
-    let body = vec![b'x'; 4096];
-    for _ in 0..N {
-        p.client
-            .publish("f/x", QoS::AtLeastOnce, false, body.clone())
-            .await
-            .unwrap();
-    }
-    for _ in 0..N {
-        tokio::time::timeout(Duration::from_secs(20), p.acks.recv())
-            .await
-            .expect("PUBACK")
-            .unwrap();
-    }
-    let mut held = Vec::new();
-    while held.len() < 50 {
-        held.push(
-            capture
-                .next_for("the window's events", Duration::from_secs(10))
-                .await,
-        );
-    }
-    // Held back, the source stops reading: what the broker sends then waits in the socket's
-    // receive queue (the kernel's, bounded), not in Sluice. Without backpressure the
-    // connection task read everything into an unbounded queue, leaving the socket empty.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut full_samples = 0;
-    while full_samples < 5 {
-        let queued = receive_queue_towards(broker.port);
-        full_samples = if queued >= 32 << 10 {
-            full_samples + 1
-        } else {
-            0
-        };
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{queued} bytes wait in the socket while the source holds 50 events: it read on"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for item in held {
-        item.delivery.delivered();
-    }
-    let got = capture.auto(Status::Delivered);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while got.len() + 50 < N {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} of {N} delivered after the sink let go",
-            got.len() + 50
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        got.len() + 50,
-        N,
-        "messages delivered twice: the connection was lost"
-    );
+    publish_4k(broker.port, "f/x", N).await;
+    // Without backpressure the connection task read everything into an unbounded queue,
+    // leaving the socket empty.
+    held_back_then_delivered(broker.port, capture, N, 32 << 10).await;
 }
 
 #[tokio::test]
@@ -570,11 +511,7 @@ async fn a_session_backlog_is_held_back_while_the_source_subscribes_again() {
     // subscription a start sends again. The source used to keep all of it in memory until the
     // SUBACK arrived; it must wait in the broker and the socket instead, as once subscribed.
     let dir = tempfile::tempdir().unwrap();
-    let broker = sluice_core::testkit::peers::spawn_mosquitto_with(
-        dir.path(),
-        None,
-        "max_inflight_messages 0\nmax_queued_messages 0\n",
-    );
+    let broker = mosquitto_without_limits(dir.path());
     let url = format!("mqtt://127.0.0.1:{}", broker.port);
     let cfg =
         json!({"url": url, "topics": ["s/#"], "client_id": "sluice-session", "max_in_flight": 50});
@@ -583,22 +520,52 @@ async fn a_session_backlog_is_held_back_while_the_source_subscribes_again() {
     task0.await.unwrap().unwrap();
     // 10 000 messages of 4 KiB (40 MB) wait in the session.
     const N: usize = 10_000;
-    let mut p = peer(broker.port).await;
+    publish_4k(broker.port, "s/x", N).await;
+    let (mut rig, _task) = start_source("mqtt-session", cfg).await;
+    let capture = rig.capture();
+    // A fresh connection's receive buffer holds less than a long-used one's: about 29 KB of
+    // these messages here, against 0 when the source read the backlog on.
+    held_back_then_delivered(broker.port, capture, N, 16 << 10).await;
+}
+
+/// A mosquitto that forwards every message as it comes and queues any number for an offline
+/// session: no in-flight or queue limit.
+fn mosquitto_without_limits(dir: &std::path::Path) -> sluice_core::testkit::peers::ServerProcess {
+    sluice_core::testkit::peers::spawn_mosquitto_with(
+        dir,
+        None,
+        "max_inflight_messages 0\nmax_queued_messages 0\n",
+    )
+}
+
+/// Publishes `n` messages of 4 KiB to `topic` (QoS 1) and waits for every PUBACK.
+async fn publish_4k(port: u16, topic: &str, n: usize) {
+    let mut p = peer(port).await;
     let body = vec![b'x'; 4096];
-    for _ in 0..N {
+    for _ in 0..n {
         p.client
-            .publish("s/x", QoS::AtLeastOnce, false, body.clone())
+            .publish(topic, QoS::AtLeastOnce, false, body.clone())
             .await
             .unwrap();
     }
-    for _ in 0..N {
+    for _ in 0..n {
         tokio::time::timeout(Duration::from_secs(20), p.acks.recv())
             .await
             .expect("PUBACK")
             .unwrap();
     }
-    let (mut rig, _task) = start_source("mqtt-session", cfg).await;
-    let mut capture = rig.capture();
+}
+
+/// The sink holds the window's 50 events: the source must stop reading, so that what the broker
+/// sends then waits in the socket's receive queue (the kernel's, bounded; at least `min_queued`
+/// bytes over five samples 100 ms apart), not in Sluice. Then the sink lets go: all `n`
+/// messages arrive, each once.
+async fn held_back_then_delivered(
+    port: u16,
+    mut capture: testkit::Capture,
+    n: usize,
+    min_queued: u64,
+) {
     let mut held = Vec::new();
     while held.len() < 50 {
         held.push(
@@ -610,17 +577,15 @@ async fn a_session_backlog_is_held_back_while_the_source_subscribes_again() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let mut full_samples = 0;
     while full_samples < 5 {
-        // A fresh connection's receive buffer holds less than a long-used one's: about 29 KB
-        // of these messages here, against 0 when the source read the backlog on.
-        let queued = receive_queue_towards(broker.port);
-        full_samples = if queued >= 16 << 10 {
+        let queued = receive_queue_towards(port);
+        full_samples = if queued >= min_queued {
             full_samples + 1
         } else {
             0
         };
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{queued} bytes wait in the socket while the source holds 50 events: it read the backlog on"
+            "{queued} bytes wait in the socket while the source holds 50 events: it read on"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -629,16 +594,20 @@ async fn a_session_backlog_is_held_back_while_the_source_subscribes_again() {
     }
     let got = capture.auto(Status::Delivered);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while got.len() + 50 < N {
+    while got.len() + 50 < n {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{} of {N} delivered after the sink let go",
+            "{} of {n} delivered after the sink let go",
             got.len() + 50
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(got.len() + 50, N, "messages delivered twice");
+    assert_eq!(
+        got.len() + 50,
+        n,
+        "messages delivered twice: the connection was lost"
+    );
 }
 
 /// The most bytes waiting unread in one of this machine's established TCP connections to
