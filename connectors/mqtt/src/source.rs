@@ -661,6 +661,25 @@ impl MqttSource {
     }
 }
 
+/// Sends what a connection received while it subscribed to the source, counting QoS 0 messages
+/// as queued; false when the source is gone.
+async fn hand_over<P: Proto>(
+    early: Vec<P::Publish>,
+    generation: u64,
+    tx: &mpsc::Sender<Arrival<P>>,
+    queued0: &AtomicUsize,
+) -> bool {
+    for p in early {
+        if P::view(&p).qos == 0 {
+            queued0.fetch_add(1, Ordering::Relaxed);
+        }
+        if tx.send(Arrival::Publish(p, generation)).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
 /// How soon acknowledgements that found the client's request queue full are tried again.
 const UNSENT_RETRY: Duration = Duration::from_millis(2);
 
@@ -682,13 +701,8 @@ async fn pump<P: Proto>(
     let mut generation = 0u64;
     let mut attempts = 0u32;
     // What arrived while the first connection subscribed.
-    for p in early {
-        if P::view(&p).qos == 0 {
-            queued0.fetch_add(1, Ordering::Relaxed);
-        }
-        if tx.send(Arrival::Publish(p, generation)).await.is_err() {
-            return;
-        }
+    if !hand_over::<P>(early, generation, &tx, &queued0).await {
+        return;
     }
     loop {
         // Forward until the connection fails.
@@ -761,13 +775,8 @@ async fn pump<P: Proto>(
                     {
                         return;
                     }
-                    for p in early {
-                        if P::view(&p).qos == 0 {
-                            queued0.fetch_add(1, Ordering::Relaxed);
-                        }
-                        if tx.send(Arrival::Publish(p, generation)).await.is_err() {
-                            return;
-                        }
+                    if !hand_over::<P>(early, generation, &tx, &queued0).await {
+                        return;
                     }
                     eventloop = el;
                     break;
