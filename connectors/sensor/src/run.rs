@@ -1225,7 +1225,8 @@ impl Run {
         // and moved into a list, out of it, into the settling future and into its box, it was
         // copied four times per input).
         let mut waits: Vec<(Firing, Vec<Event>)> = Vec::new();
-        // The worst outcome among the runs refused before they started.
+        // The first refusal among the at-least-once runs that could not be built (each is a
+        // `Rejected`, so the first is as bad as any).
         let mut refused: Option<Outcome> = None;
         for f in firings {
             let tr = &self.sensor.triggers[f.trigger];
