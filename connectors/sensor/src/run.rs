@@ -1130,7 +1130,13 @@ impl Run {
             };
             if outcome.is_delivered() {
                 tr.counters.fired.increment(1);
-                tracing::info!(sensor = %sensor.name, trigger = %tr.name, events = ?ids(), attempts = attempt + 1, "trigger fired");
+                // Each firing is counted (`fired`); its line is debug, or info when it took
+                // retries: a line per event at info cost a sensor a tenth of its throughput.
+                if attempt == 0 {
+                    tracing::debug!(sensor = %sensor.name, trigger = %tr.name, events = ?ids(), "trigger fired");
+                } else {
+                    tracing::info!(sensor = %sensor.name, trigger = %tr.name, events = ?ids(), attempts = attempt + 1, "trigger fired after retries");
+                }
                 return settle(outcome);
             }
             let reason = outcome.reason.clone().unwrap_or_else(|| "failed".into());
