@@ -306,6 +306,11 @@ impl Expr {
         })
     }
 
+    /// The gjson paths its fields read.
+    pub(crate) fn paths(&self) -> impl Iterator<Item = &str> {
+        self.fields.iter().map(|(_, p)| p.as_str())
+    }
+
     /// Evaluates over the event's JSON data. A field whose path does not exist is an error
     /// (as in Argo); so is a result that is not a boolean.
     ///

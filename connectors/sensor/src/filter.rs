@@ -301,6 +301,14 @@ impl Filters {
             && self.script.is_none()
     }
 
+    /// The gjson paths into the data that the data and expr filters read.
+    pub(crate) fn paths(&self) -> impl Iterator<Item = &str> {
+        self.data
+            .iter()
+            .map(|f| f.path.as_str())
+            .chain(self.exprs.iter().flat_map(Expr::paths))
+    }
+
     /// Whether the event passes; `Err` carries the family and the reason for a failure that is
     /// an error (a missing path, data that is not JSON), which fails the event under `and`.
     /// `text` is the event's data checked as JSON (`crate::run::data_text`), done once for all

@@ -7,8 +7,9 @@
 //! nested to any depth is checked without recursion (gjson's `valid`, used before, recursed per
 //! level and overflowed a worker's stack at about 100 000 levels, a 200 KB body).
 
-use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
 
 /// Data known to be one JSON document.
 pub(crate) struct Doc<'a> {
@@ -18,20 +19,86 @@ pub(crate) struct Doc<'a> {
     /// JSON; `None` when the document is not an object or a key is written with escapes (its
     /// text is then not the key).
     members: Option<Vec<(&'a str, &'a str)>>,
+    /// The values a [`Plan`] located while checking, by slot, with the plan; `None` without a
+    /// plan or when a key on a planned path was written with escapes.
+    located: Option<(&'a Plan, Located<'a>)>,
+}
+
+/// The values a plan located, by slot: inline for the usual few paths. (Not a `SmallVec`,
+/// which is invariant in its items' lifetime: a `Doc` must shorten like the text it borrows.)
+#[derive(Debug)]
+enum Located<'a> {
+    Inline([Option<&'a str>; 6]),
+    Heap(Vec<Option<&'a str>>),
+}
+
+impl<'a> Located<'a> {
+    fn new(slots: usize) -> Located<'a> {
+        if slots <= 6 {
+            Located::Inline([None; 6])
+        } else {
+            Located::Heap(vec![None; slots])
+        }
+    }
+
+    fn slots(&mut self) -> &mut [Option<&'a str>] {
+        match self {
+            Located::Inline(a) => a,
+            Located::Heap(v) => v,
+        }
+    }
+
+    fn get(&self, slot: usize) -> Option<&'a str> {
+        match self {
+            Located::Inline(a) => a[slot],
+            Located::Heap(v) => v[slot],
+        }
+    }
 }
 
 impl<'a> Doc<'a> {
     /// `text` if it is one JSON document, else `None`.
     pub(crate) fn check(text: &'a str) -> Option<Doc<'a>> {
         match serde_json::from_str::<Top<'a>>(text) {
-            Ok(Top(members)) => Some(Doc { text, members }),
+            Ok(Top(members)) => Some(Doc {
+                text,
+                members,
+                located: None,
+            }),
             // A key serde_json would not take as a borrowed string (a lone surrogate escape, say)
             // fails the locating pass; the plain check decides.
-            Err(_) => serde_json::from_str::<IgnoredAny>(text).ok().map(|_| Doc {
+            Err(_) => serde_json::from_str::<IgnoredAny>(text)
+                .ok()
+                .map(|_| Doc::trusted(text)),
+        }
+    }
+
+    /// `text` if it is one JSON document, else `None`; the values at `plan`'s paths are
+    /// located in the same pass, so that looking them up afterwards reads nothing again.
+    pub(crate) fn check_with(text: &'a str, plan: &'a Plan) -> Option<Doc<'a>> {
+        if plan.slots == 0 {
+            return Doc::check(text);
+        }
+        let mut located = Located::new(plan.slots);
+        let mut exact = true;
+        let seed = NodeSeed {
+            node: &plan.root,
+            located: located.slots(),
+            exact: &mut exact,
+        };
+        let mut de = serde_json::Deserializer::from_str(text);
+        let ok = seed.deserialize(&mut de).and_then(|()| de.end()).is_ok();
+        if ok {
+            return Some(Doc {
                 text,
                 members: None,
-            }),
+                located: exact.then_some((plan, located)),
+            });
         }
+        // As in `check`: a key the locating pass would not take decides nothing.
+        serde_json::from_str::<IgnoredAny>(text)
+            .ok()
+            .map(|_| Doc::trusted(text))
     }
 
     /// Data a source already checked (`Data::Json`): not checked again, no member located.
@@ -39,6 +106,7 @@ impl<'a> Doc<'a> {
         Doc {
             text,
             members: None,
+            located: None,
         }
     }
 
@@ -49,7 +117,26 @@ impl<'a> Doc<'a> {
     /// gjson, having matched a key whose value lacks the rest of the path, goes on reading
     /// inside that value and after it (`{"data":{"data":{"id":5}}}` has `data.id` for gjson),
     /// so a miss from the member alone would not be gjson's answer.
+    ///
+    /// With a [`Plan`] the value at a planned path was located while checking: a plain path is
+    /// read from its value; a path the plan reads from a value on its way (a member, for a path
+    /// with a query after it) is looked up inside that value, and from the start when not found
+    /// there, for the reason above.
     pub(crate) fn get(&self, path: &'a str) -> gjson::Value<'a> {
+        if let Some((plan, located)) = &self.located {
+            if let Some((slot, rest)) = plan.find(path) {
+                if let Some(value) = located.get(slot) {
+                    let found = match rest {
+                        None => gjson::parse(value),
+                        Some(rest) => gjson::get(value, rest),
+                    };
+                    if found.exists() {
+                        return found;
+                    }
+                }
+                return gjson::get(self.text, path);
+            }
+        }
         if let Some(members) = &self.members {
             let plain = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'-';
             let (first, rest) = match path.bytes().position(|c| !plain(c)) {
@@ -81,6 +168,241 @@ impl<'a> Doc<'a> {
             }
         }
         gjson::get(self.text, path)
+    }
+}
+
+/// The gjson paths a sensor's filters read, as a tree of plain steps, so that one checking
+/// pass over an event's data also locates their values ([`Doc::check_with`]).
+///
+/// A path whose every step is plain (letters, digits, `_`, `-`) is located at its end: in an
+/// object, a step names a member (the first of that name: gjson's); in an array, a step of
+/// digits is an index. A path whose first step is plain and whose next step starts with a plain
+/// character or `#` (`items.#`, `a.b*`) is located at its first step and looked up inside it, as
+/// [`Doc::get`] does with members. Anything else is looked up from the start. A located value
+/// that holds other planned paths is located whole and those are looked up inside it.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    root: Node,
+    /// Per planned path: the slot of the value it is read from, and what is left to look up
+    /// inside that value (`None`: the value itself).
+    paths: Vec<(String, usize, Option<String>)>,
+    slots: usize,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    children: Vec<(String, Node)>,
+    /// This value is located whole, into this slot.
+    slot: Option<usize>,
+}
+
+fn plain_step(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+}
+
+impl Plan {
+    /// Locates nothing.
+    pub(crate) const EMPTY: Plan = Plan {
+        root: Node {
+            children: Vec::new(),
+            slot: None,
+        },
+        paths: Vec::new(),
+        slots: 0,
+    };
+
+    /// The plan for `paths` (repeats and paths it cannot locate are fine).
+    pub(crate) fn new<'p>(paths: impl IntoIterator<Item = &'p str>) -> Plan {
+        // Each path as the steps of the value it is read from and the rest after them.
+        let mut wanted: Vec<(String, Vec<&str>, Option<&str>)> = Vec::new();
+        for path in paths {
+            if wanted.iter().any(|(p, _, _)| p == path) {
+                continue;
+            }
+            let steps: Vec<&str> = path.split('.').collect();
+            if steps.iter().all(|s| plain_step(s)) {
+                wanted.push((path.to_owned(), steps, None));
+            } else if let Some((first, rest)) = path.split_once('.') {
+                let next_ok = rest.bytes().next().is_some_and(|c| {
+                    c.is_ascii_alphanumeric() || c == b'_' || c == b'-' || c == b'#'
+                });
+                if plain_step(first) && next_ok {
+                    wanted.push((path.to_owned(), vec![first], Some(rest)));
+                }
+            }
+        }
+        // The located values, shortest first, so that a value holding another planned value
+        // is located whole and the other is read inside it.
+        let mut at: Vec<Vec<&str>> = wanted.iter().map(|(_, s, _)| s.clone()).collect();
+        at.sort_by_key(|s| s.len());
+        at.dedup();
+        let mut plan = Plan::default();
+        let mut kept: Vec<Vec<&str>> = Vec::new();
+        for steps in at {
+            if kept.iter().any(|k| steps.starts_with(k)) {
+                continue;
+            }
+            let mut node = &mut plan.root;
+            for step in &steps {
+                let i = match node.children.iter().position(|(s, _)| s == step) {
+                    Some(i) => i,
+                    None => {
+                        node.children.push(((*step).to_owned(), Node::default()));
+                        node.children.len() - 1
+                    }
+                };
+                node = &mut node.children[i].1;
+            }
+            node.slot = Some(plan.slots);
+            plan.slots += 1;
+            kept.push(steps);
+        }
+        for (path, steps, rest) in wanted {
+            let k = kept
+                .iter()
+                .position(|k| steps.starts_with(k))
+                .expect("every located path was kept or is inside a kept one");
+            let slot = plan.slot_of(&kept[k]);
+            let inner: Vec<&str> = steps[kept[k].len()..].to_vec();
+            let rest = match (inner.is_empty(), rest) {
+                (true, None) => None,
+                (true, Some(r)) => Some(r.to_owned()),
+                (false, None) => Some(inner.join(".")),
+                (false, Some(r)) => Some(format!("{}.{r}", inner.join("."))),
+            };
+            plan.paths.push((path, slot, rest));
+        }
+        plan
+    }
+
+    fn slot_of(&self, steps: &[&str]) -> usize {
+        let mut node = &self.root;
+        for step in steps {
+            node = &node
+                .children
+                .iter()
+                .find(|(s, _)| s == step)
+                .expect("a kept path is in the tree")
+                .1;
+        }
+        node.slot.expect("a kept path has a slot")
+    }
+
+    /// Where `path` is read from, when it is planned.
+    fn find(&self, path: &str) -> Option<(usize, Option<&str>)> {
+        self.paths
+            .iter()
+            .find(|(p, _, _)| p == path)
+            .map(|(_, slot, rest)| (*slot, rest.as_deref()))
+    }
+}
+
+/// Checks one value, locating the planned values in it.
+struct NodeSeed<'n, 'l, 'a> {
+    node: &'n Node,
+    located: &'l mut [Option<&'a str>],
+    /// Cleared when a key on a planned path is written with escapes: gjson reads such a key
+    /// by its unescaped text, which this pass does not compare, so its located values are not
+    /// used.
+    exact: &'l mut bool,
+}
+
+impl<'de> DeserializeSeed<'de> for NodeSeed<'_, '_, 'de> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        if let Some(slot) = self.node.slot {
+            let raw = <&'de RawValue as serde::Deserialize>::deserialize(d)?;
+            self.located[slot] = Some(raw.get());
+            return Ok(());
+        }
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NodeSeed<'_, '_, 'de> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+        // The children met so far: gjson reads the first member of a name.
+        let mut met: SmallVec<[bool; 8]> = SmallVec::from_elem(false, self.node.children.len());
+        while let Some(Key(key)) = m.next_key::<Key<'de>>()? {
+            let child = match key {
+                Some(k) => self.node.children.iter().position(|(s, _)| s == k),
+                None => {
+                    *self.exact = false;
+                    None
+                }
+            };
+            match child {
+                Some(i) if !met[i] => {
+                    met[i] = true;
+                    m.next_value_seed(NodeSeed {
+                        node: &self.node.children[i].1,
+                        located: self.located,
+                        exact: self.exact,
+                    })?;
+                }
+                _ => {
+                    m.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<(), A::Error> {
+        // The steps that index an array (digits; gjson reads `00` as 0).
+        let indexed: SmallVec<[(u64, &Node); 2]> = self
+            .node
+            .children
+            .iter()
+            .filter(|(step, _)| step.bytes().all(|c| c.is_ascii_digit()))
+            .filter_map(|(step, node)| Some((step.parse::<u64>().ok()?, node)))
+            .collect();
+        let mut index: u64 = 0;
+        loop {
+            let child = indexed.iter().find(|(i, _)| *i == index);
+            let more = match child {
+                Some(&(_, node)) => s
+                    .next_element_seed(NodeSeed {
+                        node,
+                        located: self.located,
+                        exact: self.exact,
+                    })?
+                    .is_some(),
+                None => s.next_element::<IgnoredAny>()?.is_some(),
+            };
+            if !more {
+                return Ok(());
+            }
+            index += 1;
+        }
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
     }
 }
 
@@ -204,6 +526,10 @@ mod tests {
         r#"{"data":{"data":{"id":5}},"id":6}"#,
         r#"{"a":[1],"a":{"b":2}}"#,
         r#"{"a":{"x":1},"b":[{"k":"v","n":3},{"k":"w","n":4}]}"#,
+        r#"{"o":{"a":{"x":1},"a":{"b":2}},"items":[{"sku":"x","sku":"y"},[7,8]]}"#,
+        r#"{"o":{"\u0061":{"b":"escaped"},"a":{"b":"plain"}},"k\u0065y":[1]}"#,
+        r##"{"items":{"0":{"sku":"in an object"},"1":2},"sp":[[0,1],[2,3]],"b":{"#":5}}"##,
+        r#"[[1,{"a":"deep"}],{"a":2}]"#,
     ];
 
     const PATHS: &[&str] = &[
@@ -257,6 +583,21 @@ mod tests {
         "b.!true",
         "a.x.",
         "id",
+        "o.a.b",
+        "o.a.x",
+        "items.0.sku",
+        "items.1.0",
+        "items.1.1",
+        "items.00.sku",
+        "items.0",
+        "sp.1.0",
+        "0.1.a",
+        "1.a",
+        "b.#",
+        "o.a.b*",
+        "b.#.k",
+        "key.0",
+        "items.0.sku.x",
     ];
 
     #[test]
@@ -273,6 +614,77 @@ mod tests {
                 assert_eq!(a.f64(), b.f64(), "{what}");
             }
         }
+    }
+
+    #[test]
+    fn a_planned_lookup_answers_what_gjson_answers_from_the_start() {
+        // Every path of the list planned at once, and each alone: a value located whole for
+        // a shorter path changes where a longer one is read from.
+        let together = Plan::new(PATHS.iter().copied());
+        let plans: Vec<Plan> = std::iter::once(together)
+            .chain(PATHS.iter().map(|p| Plan::new([*p])))
+            .collect();
+        let mut located_somewhere = 0;
+        for doc in DOCS {
+            for plan in &plans {
+                let d = Doc::check_with(doc, plan).unwrap_or_else(|| panic!("{doc} is JSON"));
+                if let Some((_, l)) = &d.located {
+                    located_somewhere += (0..plan.slots).filter(|&i| l.get(i).is_some()).count();
+                }
+                for path in PATHS {
+                    let (a, b) = (d.get(path), gjson::get(doc, path));
+                    let what = format!("{doc} at {path:?} with {plan:?}");
+                    assert_eq!(a.exists(), b.exists(), "{what}");
+                    assert!(a.kind() == b.kind(), "{what}");
+                    assert_eq!(a.json(), b.json(), "{what}");
+                    assert_eq!(a.str(), b.str(), "{what}");
+                    assert_eq!(a.f64(), b.f64(), "{what}");
+                }
+            }
+        }
+        assert!(
+            located_somewhere > 100,
+            "the plans located {located_somewhere} values"
+        );
+    }
+
+    #[test]
+    fn a_plan_locates_each_value_in_the_checking_pass() {
+        let plan = Plan::new([
+            "items.0.sku",
+            "items.0.qty",
+            "items.0.sku",
+            "n",
+            "o.a*",
+            "o.*",
+        ]);
+        let d = Doc::check_with(DOCS[0], &plan).unwrap();
+        let (_, located) = d.located.as_ref().expect("plain keys: located");
+        let at = |p: &str| plan.find(p).map(|(slot, rest)| (located.get(slot), rest));
+        assert_eq!(at("items.0.sku"), Some((Some(r#""A-1""#), None)));
+        assert_eq!(at("items.0.qty"), Some((Some("3"), None)));
+        assert_eq!(at("n"), Some((Some("1.5"), None)));
+        // Read inside its first step's value.
+        assert_eq!(at("o.a*"), Some((Some(r#"{"a":{"b":"c"}}"#), Some("a*"))));
+        assert_eq!(
+            at("o.*"),
+            None,
+            "a wildcard after the first step: from the start"
+        );
+        assert_eq!(at("items.1.qty"), None, "not planned");
+        // A value holding another planned value is located whole.
+        let plan = Plan::new(["o.a.b", "o"]);
+        let d = Doc::check_with(DOCS[0], &plan).unwrap();
+        assert_eq!(plan.find("o.a.b"), Some((0, Some("a.b"))));
+        assert_eq!(d.get("o.a.b").str(), "c");
+        // An escaped key on a planned path: nothing located is used.
+        let plan = Plan::new(["o.a.b"]);
+        let d = Doc::check_with(DOCS[13], &plan).unwrap();
+        assert!(d.located.is_none());
+        assert_eq!(d.get("o.a.b").str(), gjson::get(DOCS[13], "o.a.b").str());
+        // Not JSON: refused as by `check`.
+        assert!(Doc::check_with(r#"{"items":[{"sku":"A"}"#, &plan).is_none());
+        assert!(Doc::check_with(r#"{"o":{"a":{"b":1}}} x"#, &plan).is_none());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use sluice_core::{
 
 use crate::condition::{self, Cond};
 use crate::filter::Filters;
-use crate::json::Doc;
+use crate::json::{Doc, Plan};
 use crate::params::{context_json, Param, Resolved};
 use crate::{expr, Retry, SensorConfig};
 
@@ -92,8 +92,9 @@ pub(crate) struct Sensor {
     pub(crate) name: String,
     pub(crate) deps: Vec<Dep>,
     pub(crate) triggers: Vec<Trigger>,
-    /// Stage name → the dependencies that read it.
-    by_origin: HashMap<String, Vec<usize>>,
+    /// Stage name → the dependencies that read it, and the paths their filters read, located
+    /// while the event's data is checked.
+    by_origin: HashMap<String, (Vec<usize>, Plan)>,
     /// Per dependency: the triggers whose conditions name it.
     dep_triggers: Vec<Vec<usize>>,
 }
@@ -282,14 +283,14 @@ impl Sensor {
         )?;
         unique(cfg.triggers.iter().map(|t| t.name.as_str()), "triggers")?;
         let mut deps = Vec::new();
-        let mut by_origin: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut by_origin: HashMap<String, (Vec<usize>, Plan)> = HashMap::new();
         for (i, d) in cfg.dependencies.iter().enumerate() {
             let filters = Filters::compile(
                 &d.filters.clone().unwrap_or_default(),
                 d.filters_logical_operator,
             )
             .map_err(|e| format!("dependencies.{i}.{e}"))?;
-            by_origin.entry(d.source.clone()).or_default().push(i);
+            by_origin.entry(d.source.clone()).or_default().0.push(i);
             let l = |r: &'static str| counter!(t::SENSOR_DEPENDENCY_EVENTS, "sensor" => name.to_owned(), "dependency" => d.name.clone(), "result" => r);
             let transform = match &d.transform {
                 None => None,
@@ -332,6 +333,9 @@ impl Sensor {
             }
             triggers.push(tr);
         }
+        for (ds, plan) in by_origin.values_mut() {
+            *plan = Plan::new(ds.iter().flat_map(|&d| deps[d].filters.paths()));
+        }
         Ok(Sensor {
             name: name.to_owned(),
             deps,
@@ -349,7 +353,7 @@ impl Sensor {
         origin: &str,
         e: &Event,
     ) -> Vec<(usize, Option<Event>)> {
-        let Some(cands) = self.by_origin.get(origin) else {
+        let Some((cands, plan)) = self.by_origin.get(origin) else {
             return Vec::new();
         };
         let mut out = Vec::new();
@@ -390,9 +394,9 @@ impl Sensor {
             let seen = transformed.as_ref().unwrap_or(e);
             let own;
             let text = match &transformed {
-                None => &*json_text.get_or_insert_with(|| data_text(e)),
+                None => &*json_text.get_or_insert_with(|| data_text_with(e, plan)),
                 Some(t) => {
-                    own = data_text(t);
+                    own = data_text_with(t, plan);
                     &own
                 }
             };
@@ -541,6 +545,14 @@ impl<'a> Checked<'a> {
 /// The event's data for the filters: `Ok(None)` without data, `Err` when it is not JSON.
 /// Data known to be JSON is not checked again.
 pub(crate) fn data_text(e: &Event) -> Result<Option<Doc<'_>>, String> {
+    data_text_with(e, &NO_PLAN)
+}
+
+/// No path located while checking.
+static NO_PLAN: Plan = Plan::EMPTY;
+
+/// [`data_text`], locating `plan`'s paths in the same pass.
+pub(crate) fn data_text_with<'a>(e: &'a Event, plan: &'a Plan) -> Result<Option<Doc<'a>>, String> {
     let not_json = || "the event's data is not JSON".to_string();
     let Some(bytes) = e.data.as_bytes() else {
         return Ok(None);
@@ -551,7 +563,7 @@ pub(crate) fn data_text(e: &Event) -> Result<Option<Doc<'_>>, String> {
     }
     match &e.data {
         sluice_core::Data::Json(_) => Ok(Some(Doc::trusted(text))),
-        _ => Doc::check(text).map(Some).ok_or_else(not_json),
+        _ => Doc::check_with(text, plan).map(Some).ok_or_else(not_json),
     }
 }
 
