@@ -301,6 +301,11 @@ impl Filters {
             && self.script.is_none()
     }
 
+    /// Whether a filter reads the event's data (`data`, `exprs`, `script`).
+    pub(crate) fn reads_data(&self) -> bool {
+        !self.data.is_empty() || !self.exprs.is_empty() || self.script.is_some()
+    }
+
     /// The gjson paths into the data that the data and expr filters read.
     pub(crate) fn paths(&self) -> impl Iterator<Item = &str> {
         self.data

@@ -394,6 +394,12 @@ impl Sensor {
             let seen = transformed.as_ref().unwrap_or(e);
             let own;
             let text = match &transformed {
+                // Filters that do not read the data (none, `context`, `time`) do not check it
+                // (Argo reads it in its data, exprs and script filters only).
+                _ if !dep.filters.reads_data() => {
+                    own = Ok(None);
+                    &own
+                }
                 None => &*json_text.get_or_insert_with(|| data_text_with(e, plan)),
                 Some(t) => {
                     own = data_text_with(t, plan);

@@ -1671,3 +1671,50 @@ async fn a_whole_dlq_trigger_runs_with_the_same_events_and_its_own_payload() {
     assert!(bad(json!({"name": "d", "sink": "p", "dlqTrigger": "q"})).contains("of its own"));
     assert!(bad(json!({"name": "d", "sink": "o"})).contains("another sink"));
 }
+
+/// Through the sensor's own matching: the data is checked (and the planned paths located)
+/// once for the dependencies that read it, and not at all for those that do not, so data
+/// that is not JSON fails only the dependencies whose filters read it.
+#[test]
+fn only_the_dependencies_that_read_the_data_need_it_to_be_json() {
+    let mut b = crate::run::Bench::new(json!({
+        "dependencies": [
+            {"name": "any", "source": "s", "filters": {"context": {"type": "t"}}},
+            {"name": "sku", "source": "s", "filters": {
+                "data": [{"path": "items.0.sku", "type": "string", "value": ["^A-"]}],
+                "exprs": [{"expr": "qty >= 3 && sku != 'B'", "fields": [
+                    {"name": "qty", "path": "items.0.qty"}, {"name": "sku", "path": "items.0.sku"}]}]}}
+        ],
+        "triggers": [
+            {"name": "on-any", "conditions": "any", "sink": "out"},
+            {"name": "on-sku", "conditions": "sku", "sink": "out"}
+        ]
+    }));
+    let mut text = Event::new("1", "src", "t");
+    text.data = sluice_core::Data::from_bytes(bytes::Bytes::from_static(b"{not json"), None);
+    assert_eq!(b.event("s", &text), 1, "the context filter alone passes");
+    // As a webhook hands a body over: bytes, typed but unchecked.
+    let unchecked = |text: String| {
+        let mut e = Event::new("1", "src", "t");
+        e.datacontenttype = Some("application/json".into());
+        e.data = sluice_core::Data::from_bytes(text.into(), Some("application/json"));
+        e
+    };
+    let long = "x".repeat(2000);
+    let doc = |sku: &str, qty: u32| {
+        unchecked(format!(
+            r#"{{"pad":"{long}","items":[{{"sku":"{sku}","qty":{qty}}},{{"sku":"Z","qty":0}}]}}"#
+        ))
+    };
+    assert_eq!(b.event("s", &doc("A-1", 3)), 2);
+    assert_eq!(b.event("s", &doc("A-1", 2)), 1, "the expr fails");
+    assert_eq!(b.event("s", &doc("C-1", 9)), 1, "the data filter fails");
+    // A key with escapes on a planned path: read as gjson reads it.
+    let escaped = unchecked(r#"{"it\u0065ms":[{"sku":"A-2","qty":5}]}"#.to_owned());
+    assert_eq!(
+        b.event("s", &escaped),
+        1 + usize::from(
+            gjson::get(r#"{"it\u0065ms":[{"sku":"A-2","qty":5}]}"#, "items.0.sku").exists()
+        )
+    );
+}
