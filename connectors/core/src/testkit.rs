@@ -323,16 +323,32 @@ impl ProcessorRig {
     pub fn new(processor: &str) -> Self {
         let feed = format!("{processor}-feed");
         let capture = format!("{processor}-capture");
-        Self::build(processor, &[&feed], &[&capture], false)
+        Self::build(processor, &[&feed], &[&capture], false, 10_000)
     }
 
     /// Feeds named `feeds` routed into the processor, and capture sinks named `targets` that
     /// the processor addresses by name ([`SourceSender::target`]; no route from it).
     pub fn addressing(processor: &str, feeds: &[&str], targets: &[&str]) -> Self {
-        Self::build(processor, feeds, targets, true)
+        Self::build(processor, feeds, targets, true, 10_000)
     }
 
-    fn build(processor: &str, feeds: &[&str], targets: &[&str], addressed: bool) -> Self {
+    /// [`ProcessorRig::addressing`] with target queues of `queue_events` events (`block`).
+    pub fn addressing_with_queue(
+        processor: &str,
+        feeds: &[&str],
+        targets: &[&str],
+        queue_events: usize,
+    ) -> Self {
+        Self::build(processor, feeds, targets, true, queue_events)
+    }
+
+    fn build(
+        processor: &str,
+        feeds: &[&str],
+        targets: &[&str],
+        addressed: bool,
+        queue_events: usize,
+    ) -> Self {
         metrics();
         let mut spec = spec(feeds[0], targets[0], 10_000, WhenFull::Block);
         spec.sources = feeds.iter().map(|s| s.to_string()).collect();
@@ -340,7 +356,7 @@ impl ProcessorRig {
             .iter()
             .map(|t| pipeline::SinkSpec {
                 name: t.to_string(),
-                queue_events: 10_000,
+                queue_events,
                 queue_bytes: 64 << 20,
                 when_full: WhenFull::Block,
                 dead_letter: None,

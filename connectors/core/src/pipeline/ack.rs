@@ -95,7 +95,14 @@ struct UnitState {
     lapsed: bool,
     /// The task waiting for the outcome, if it polled before the unit settled.
     waker: Option<Waker>,
+    /// Called with the outcome instead, when a processor handed its output over without a
+    /// task to wait on it ([`super::SourceSender::try_send_to_then`]).
+    then: Option<Then>,
 }
+
+/// What a processor's output settles once it is settled: called once with the outcome, in
+/// the task that settled it.
+pub type Then = Box<dyn FnOnce(Outcome) + Send + 'static>;
 
 pub(crate) struct Unit {
     state: Mutex<UnitState>,
@@ -124,6 +131,7 @@ impl Unit {
                 fired: false,
                 lapsed: false,
                 waker: None,
+                then: None,
             }),
             started: Instant::now(),
             dedup,
@@ -267,18 +275,32 @@ impl Unit {
         Self::release(self.lock());
     }
 
-    /// One outstanding report fewer; the last one settles the unit and wakes its source (after
-    /// the lock is given up).
+    /// Has `then` called with the outcome, instead of a waiting task woken. Set while the unit
+    /// is being routed (before it can settle).
+    pub(crate) fn set_then(&self, then: Then) {
+        self.lock().then = Some(then);
+    }
+
+    /// One outstanding report fewer; the last one settles the unit and wakes its source, or
+    /// calls its continuation (after the lock is given up).
     fn release(mut st: std::sync::MutexGuard<'_, UnitState>) {
         st.pending -= 1;
-        let waker = if st.pending == 0 {
-            Self::fire(&mut st)
+        let (waker, then) = if st.pending == 0 {
+            let waker = Self::fire(&mut st);
+            let then = match st.then.take() {
+                Some(then) => st.outcome.take().map(|o| (then, o)),
+                None => None,
+            };
+            (waker, then)
         } else {
-            None
+            (None, None)
         };
         drop(st);
         if let Some(w) = waker {
             w.wake();
+        }
+        if let Some((then, outcome)) = then {
+            then(outcome);
         }
     }
 

@@ -20,7 +20,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 pub use ack::{
-    Delivery, Outcome, Status, DEAD_LETTER_REASON, DEAD_LETTER_SINK, DEAD_LETTER_STATUS,
+    Delivery, Outcome, Status, Then, DEAD_LETTER_REASON, DEAD_LETTER_SINK, DEAD_LETTER_STATUS,
 };
 pub use chain::hand_off;
 pub use queue::{SinkInput, SinkItem, WhenFull};
@@ -182,6 +182,38 @@ impl SourceSender {
             Ok(p) => p,
             Err(blocked) => blocked.await,
         }
+    }
+
+    /// Queues one event for `target` now, with no future and no task waiting on it: `then` is
+    /// called with its outcome once the sink settled it (in the task that settled it, so it
+    /// must be short and must not block). The event is not deduplicated (a processor's output
+    /// never is). Hands both back when `target`'s queue has no room now (`block`) or `target`
+    /// is not this stage's: send them with [`SourceSender::send_to`] then, which waits for
+    /// room or refuses.
+    #[allow(clippy::result_large_err)] // the event itself is handed back, not an error
+    pub fn try_send_to_then(
+        &self,
+        target: Target,
+        event: Event,
+        then: Then,
+    ) -> Result<(), (Event, Then)> {
+        if target.stage != self.source {
+            return Err((event, then));
+        }
+        let unit = Unit::new(1, None, self.name.clone());
+        let guard = RoutingGuard::new(unit);
+        let q = &self.pipeline.sinks[target.queue];
+        match q.try_push(event, &guard.unit, 0) {
+            Ok(Pushed::Queued) => {}
+            // No delivery holds it: end it here.
+            Ok(Pushed::Dropped | Pushed::Failed) => guard.unit.close_event(0),
+            // Nothing was queued: the unit ends here, unseen (no waker, no continuation).
+            Err(event) => return Err((event, then)),
+        }
+        self.telemetry.received.increment(1);
+        guard.unit.set_then(then);
+        guard.finish();
+        Ok(())
     }
 
     /// Routes and queues a unit's events as far as the queues have room now. `Ok`: all of them
@@ -1435,6 +1467,69 @@ mod addressed_tests {
         // Another stage's sender cannot use a's target.
         let o = b.send_to(t, vec![Event::new("3", "/s", "t")]).await.await;
         assert_eq!(o.status, Status::Rejected);
+        assert!(out.try_recv().is_none());
+    }
+
+    #[tokio::test]
+    async fn an_output_handed_over_with_a_continuation_settles_it_once_settled() {
+        let spec = PipelineSpec {
+            sources: vec!["a".into(), "b".into()],
+            sinks: vec![SinkSpec {
+                name: "out".into(),
+                queue_events: 2,
+                queue_bytes: 1 << 20,
+                when_full: WhenFull::Block,
+                dead_letter: None,
+            }],
+            processors: Vec::new(),
+            routes: Vec::new(),
+            addressed: vec![(0, 0)],
+            dedup: None,
+            dedup_persistent: false,
+            memory_budget: 1 << 20,
+            unrouted: Unrouted::Ack,
+        };
+        let built = build(&spec);
+        let (a, b) = (&built.senders[0], &built.senders[1]);
+        let mut out = built.inputs.into_iter().next().unwrap();
+        let t = a.target("out").expect("a addresses `out`");
+        let (tx, rx) = std::sync::mpsc::channel::<(u32, Outcome)>();
+        let then = |n: u32| -> Then {
+            let tx = tx.clone();
+            Box::new(move |o| tx.send((n, o)).unwrap())
+        };
+        for n in [1, 2] {
+            let e = Event::new(n.to_string(), "/s", "t");
+            assert!(a.try_send_to_then(t, e, then(n)).is_ok(), "room for {n}");
+        }
+        // The queue holds two: the third is handed back, with its continuation, never called.
+        let (back, then3) = a
+            .try_send_to_then(t, Event::new("3", "/s", "t"), then(3))
+            .expect_err("no room");
+        assert_eq!(back.id, "3");
+        assert!(rx.try_recv().is_err(), "nothing settled yet");
+        // The sink settles them: each continuation is called once, with its outcome.
+        let first = out.try_recv().expect("queued");
+        assert_eq!(first.delivery.origin(), "a");
+        first.delivery.delivered();
+        let (n, o) = rx.try_recv().expect("called when delivered");
+        assert_eq!((n, o.status), (1, Status::Delivered));
+        out.try_recv().expect("queued").delivery.failed("down");
+        let (n, o) = rx.try_recv().expect("called when failed");
+        assert_eq!(
+            (n, o.status, o.reason.as_deref()),
+            (2, Status::Failed, Some("sink out: down"))
+        );
+        // Room again: the handed-back pair goes through.
+        assert!(a.try_send_to_then(t, back, then3).is_ok());
+        // A delivery dropped unreported (a sink stopped half-way) fails it.
+        drop(out.try_recv().expect("queued"));
+        let (n, o) = rx.try_recv().expect("called when dropped");
+        assert_eq!((n, o.status), (3, Status::Failed));
+        assert!(rx.try_recv().is_err(), "each continuation is called once");
+        // Another stage's sender gets its pair back.
+        let e = Event::new("4", "/s", "t");
+        assert!(b.try_send_to_then(t, e, then(4)).is_err());
         assert!(out.try_recv().is_none());
     }
 }
