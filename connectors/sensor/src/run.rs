@@ -12,7 +12,7 @@ use croner::Cron;
 use futures_util::future::join_all;
 use metrics::{counter, gauge, Counter, Gauge};
 use sluice_core::event::check_extension_name;
-use sluice_core::pipeline::{SinkWindow, Step, DEAD_LETTER_REASON, DEAD_LETTER_SINK};
+use sluice_core::pipeline::{SinkWindow, Step, Then, DEAD_LETTER_REASON, DEAD_LETTER_SINK};
 use sluice_core::state::StateStore;
 use sluice_core::telemetry as t;
 use sluice_core::{
@@ -436,6 +436,36 @@ impl Sensor {
             .map(|(d, e)| (*d, Arc::new(e.clone())))
             .collect();
         self.outputs(&self.triggers[ti], &have)
+    }
+
+    /// Counts and logs the end of a run of `tr` over `events` (a dead-lettered run is counted
+    /// where it is sent). Each firing is counted (`fired`); its line is debug, or info when it
+    /// took retries: a line per event took 8 % of a busy sensor's CPU at info.
+    fn ended(
+        &self,
+        tr: &Trigger,
+        events: &[(usize, Arc<Event>)],
+        attempts: u32,
+        outcome: &Outcome,
+    ) {
+        let ids = || {
+            events
+                .iter()
+                .map(|(_, e)| e.id.as_str())
+                .collect::<Vec<_>>()
+        };
+        if outcome.is_delivered() {
+            tr.counters.fired.increment(1);
+            if attempts == 1 {
+                tracing::debug!(sensor = %self.name, trigger = %tr.name, events = ?ids(), "trigger fired");
+            } else {
+                tracing::info!(sensor = %self.name, trigger = %tr.name, events = ?ids(), attempts, "trigger fired after retries");
+            }
+        } else {
+            tr.counters.failed.increment(1);
+            let reason = outcome.reason.as_deref().unwrap_or("failed");
+            tracing::error!(sensor = %self.name, trigger = %tr.name, events = ?ids(), %reason, at_least_once = tr.at_least_once, "trigger failed");
+        }
     }
 
     /// The events the trigger sends for the events `have` (one per satisfied dependency).
@@ -1147,14 +1177,7 @@ impl Run {
                 outcome
             };
             if outcome.is_delivered() {
-                tr.counters.fired.increment(1);
-                // Each firing is counted (`fired`); its line is debug, or info when it took
-                // retries: a line per event took 8 % of a busy sensor's CPU at info.
-                if attempt == 0 {
-                    tracing::debug!(sensor = %sensor.name, trigger = %tr.name, events = ?ids(), "trigger fired");
-                } else {
-                    tracing::info!(sensor = %sensor.name, trigger = %tr.name, events = ?ids(), attempts = attempt + 1, "trigger fired after retries");
-                }
+                sensor.ended(tr, &f.events, attempt + 1, &outcome);
                 return settle(outcome);
             }
             let reason = outcome.reason.clone().unwrap_or_else(|| "failed".into());
@@ -1208,9 +1231,47 @@ impl Run {
                     return settle(dl);
                 }
             }
-            tr.counters.failed.increment(1);
-            tracing::error!(sensor = %sensor.name, trigger = %tr.name, events = ?ids(), %reason, at_least_once = tr.at_least_once, "trigger failed");
+            sensor.ended(tr, &f.events, attempt + 1, &outcome);
             settle(outcome)
+        }
+    }
+
+    /// Whether firing `f` with `outs` is one hand-over to the sink and nothing more: one
+    /// output, no retry, no dead letter, no rate limit, no partial match to spend or restore.
+    /// Such a run needs no task: the output's continuation settles it.
+    fn direct(&self, f: &Firing, outs: &[Event]) -> bool {
+        let tr = &self.sensor.triggers[f.trigger];
+        outs.len() == 1
+            && f.taken.is_none()
+            && tr.retry.attempts <= 1
+            && tr.dlq.is_none()
+            && self.limiters[f.trigger].is_none()
+    }
+
+    /// Fires a [`Run::direct`] run: its output is queued for the sink now, with a
+    /// continuation that counts the run and then calls `settled` (the input's settling, for
+    /// an at-least-once trigger). When the sink's queue has no room now, a task in `window`
+    /// waits for it and does the same.
+    fn fire_direct(
+        self: &Arc<Self>,
+        f: Firing,
+        mut outs: Vec<Event>,
+        settled: impl FnOnce(&Outcome) + Send + 'static,
+        window: &mut SinkWindow<futures_util::future::BoxFuture<'static, ()>>,
+    ) {
+        let (target, _) = self.targets[f.trigger];
+        let out = outs.pop().expect("a direct run has one output");
+        let run = self.clone();
+        let then: Then = Box::new(move |outcome: Outcome| {
+            run.sensor
+                .ended(&run.sensor.triggers[f.trigger], &f.events, 1, &outcome);
+            settled(&outcome);
+        });
+        if let Err((out, then)) = self.sender.try_send_to_then(target, out, then) {
+            let run = self.clone();
+            window.push(Box::pin(async move {
+                then(run.sender.send_to(target, vec![out]).await.await);
+            }));
         }
     }
 
@@ -1281,6 +1342,8 @@ impl Run {
             };
             if tr.at_least_once {
                 waits.push((f, outs));
+            } else if self.direct(&f, &outs) {
+                self.fire_direct(f, outs, |_| {}, window);
             } else {
                 let run = self.clone();
                 window.push(Box::pin(async move {
@@ -1291,9 +1354,13 @@ impl Run {
         match (waits.len(), refused) {
             (0, None) => delivery.delivered(),
             (0, Some(o)) => delivery.settle_with(&o),
-            // The usual case: one box for the run and the input's settling.
+            // The usual case: one box for the run and the input's settling, or none when the
+            // run is one hand-over to the sink.
             (1, None) => {
                 let (f, outs) = waits.pop().expect("one run");
+                if self.direct(&f, &outs) {
+                    return self.fire_direct(f, outs, move |o| delivery.settle_with(o), window);
+                }
                 let run = self.clone();
                 window.push(Box::pin(async move {
                     let outcome = run.fire(f, outs).await;

@@ -1718,3 +1718,73 @@ fn only_the_dependencies_that_read_the_data_need_it_to_be_json() {
         )
     );
 }
+
+/// A run that is one hand-over to the sink (one output, no retry, no dead letter, no rate
+/// limit) is settled by its output's continuation, with no task of its own; when the sink's
+/// queue is full it waits in the sensor's window instead. Either way the input is settled with
+/// the output's outcome and the run is counted once.
+#[tokio::test]
+async fn a_run_handed_straight_to_the_sink_settles_its_input_with_the_outcome() {
+    let mut rig = ProcessorRig::addressing_with_queue("direct", &["a"], &["out"], 2);
+    let mut out = rig.capture_of("out");
+    let task = start(
+        &mut rig,
+        "direct",
+        json!({
+            "dependencies": [{"name": "d", "source": "a"}],
+            "triggers": [{"name": "t", "sink": "out", "atLeastOnce": true}]
+        }),
+    )
+    .await;
+    let count = |r: &str| {
+        metric(
+            "sluice_sensor_triggers_total",
+            &[("sensor", "direct"), ("trigger", "t"), ("result", r)],
+        )
+    };
+    let (fired, failed) = (count("fired"), count("failed"));
+    // Five inputs, a queue of two: two go straight in, three wait for room.
+    let mut pending = Vec::new();
+    for i in 0..5 {
+        let e = Event::new(format!("e{i}"), "/s", "t").with_json(format!(r#"{{"i":{i}}}"#));
+        pending.push(rig.sender_of("a").send(vec![e]).await);
+    }
+    let mut seen = Vec::new();
+    for n in 0..5 {
+        let item = out.next_within(Duration::from_secs(5)).await;
+        seen.push(item.event.id.clone());
+        if n == 0 {
+            item.delivery.failed("down");
+        } else {
+            item.delivery.delivered();
+        }
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        ["e0", "e1", "e2", "e3", "e4"],
+        "each input forwarded once"
+    );
+    let mut outcomes = Vec::new();
+    for p in pending {
+        outcomes.push(
+            tokio::time::timeout(Duration::from_secs(5), p)
+                .await
+                .expect("settled"),
+        );
+    }
+    let failed_inputs: Vec<_> = outcomes.iter().filter(|o| !o.is_delivered()).collect();
+    assert_eq!(failed_inputs.len(), 1, "{outcomes:?}");
+    assert_eq!(failed_inputs[0].status, Status::Failed);
+    assert!(
+        failed_inputs[0]
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("down")),
+        "{:?}",
+        failed_inputs[0].reason
+    );
+    assert_eq!(count("fired") - fired, 4.0);
+    assert_eq!(count("failed") - failed, 1.0);
+    stop(&mut rig, task).await;
+}
