@@ -37,7 +37,9 @@ pub struct SensorConfig {
     pub dependencies: Vec<DependencyConfig>,
     /// What it does when their conditions hold.
     pub triggers: Vec<TriggerConfig>,
-    /// Trigger runs (with their retries) in flight at once. Default 256.
+    /// Trigger runs in flight at once that wait on something (retries, a dead letter, a rate
+    /// limit, spent state, room in a full sink queue); a run that is one hand-over to its
+    /// sink is bounded by the sink's queue instead. Default 256.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
 }
