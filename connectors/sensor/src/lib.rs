@@ -37,9 +37,9 @@ pub struct SensorConfig {
     pub dependencies: Vec<DependencyConfig>,
     /// What it does when their conditions hold.
     pub triggers: Vec<TriggerConfig>,
-    /// Trigger runs in flight at once that wait on something (retries, a dead letter, a rate
-    /// limit, spent state, room in a full sink queue); a run that is one hand-over to its
-    /// sink is bounded by the sink's queue instead. Default 256.
+    /// Trigger runs in flight at once: up to this many plain hand-overs to a sink, settled by
+    /// the sink's answer, and up to this many runs that wait (retries, a dead letter, a rate
+    /// limit, spent state, room in a full sink queue). Default 256.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
 }

@@ -1106,6 +1106,10 @@ struct Run {
     targets: Vec<(Target, Option<Target>)>,
     limiters: Vec<Option<Arc<Limiter>>>,
     grace_over: tokio_util::sync::CancellationToken,
+    /// Runs handed straight to their sink and not settled yet ([`Run::fire_direct`]), at most
+    /// `concurrency`: each holds its inputs, whose bytes the pipeline no longer counts.
+    direct: std::sync::atomic::AtomicUsize,
+    concurrency: usize,
 }
 
 fn rand01() -> f64 {
@@ -1238,14 +1242,23 @@ impl Run {
 
     /// Whether firing `f` with `outs` is one hand-over to the sink and nothing more: one
     /// output, no retry, no dead letter, no rate limit, no partial match to spend or restore.
-    /// Such a run needs no task: the output's continuation settles it.
-    fn direct(&self, f: &Firing, outs: &[Event]) -> bool {
+    /// Such a run needs no task: the output's continuation settles it. Only while no run waits
+    /// in `window` (a run queued straight away would overtake one waiting for room in the same
+    /// sink) and fewer than `concurrency` such runs are unsettled.
+    fn direct<F: std::future::Future<Output = ()>>(
+        &self,
+        f: &Firing,
+        outs: &[Event],
+        window: &SinkWindow<F>,
+    ) -> bool {
         let tr = &self.sensor.triggers[f.trigger];
         outs.len() == 1
             && f.taken.is_none()
             && tr.retry.attempts <= 1
             && tr.dlq.is_none()
             && self.limiters[f.trigger].is_none()
+            && window.is_empty()
+            && self.direct.load(std::sync::atomic::Ordering::Relaxed) < self.concurrency
     }
 
     /// Fires a [`Run::direct`] run: its output is queued for the sink now, with a
@@ -1262,10 +1275,14 @@ impl Run {
         let (target, _) = self.targets[f.trigger];
         let out = outs.pop().expect("a direct run has one output");
         let run = self.clone();
+        self.direct
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let then: Then = Box::new(move |outcome: Outcome| {
             run.sensor
                 .ended(&run.sensor.triggers[f.trigger], &f.events, 1, &outcome);
             settled(&outcome);
+            run.direct
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         });
         if let Err((out, then)) = self.sender.try_send_to_then(target, out, then) {
             let run = self.clone();
@@ -1342,7 +1359,7 @@ impl Run {
             };
             if tr.at_least_once {
                 waits.push((f, outs));
-            } else if self.direct(&f, &outs) {
+            } else if self.direct(&f, &outs, window) {
                 self.fire_direct(f, outs, |_| {}, window);
             } else {
                 let run = self.clone();
@@ -1358,7 +1375,7 @@ impl Run {
             // run is one hand-over to the sink.
             (1, None) => {
                 let (f, outs) = waits.pop().expect("one run");
-                if self.direct(&f, &outs) {
+                if self.direct(&f, &outs, window) {
                     return self.fire_direct(f, outs, move |o| delivery.settle_with(o), window);
                 }
                 let run = self.clone();
@@ -1433,6 +1450,8 @@ pub(crate) fn start(
         targets,
         limiters,
         grace_over: ctx.grace_over.clone(),
+        direct: std::sync::atomic::AtomicUsize::new(0),
+        concurrency,
     };
     Ok(run_loop(run, concurrency, ctx))
 }
