@@ -1672,9 +1672,10 @@ async fn a_whole_dlq_trigger_runs_with_the_same_events_and_its_own_payload() {
     assert!(bad(json!({"name": "d", "sink": "o"})).contains("another sink"));
 }
 
-/// Through the sensor's own matching: the data is checked (and the planned paths located)
-/// once for the dependencies that read it, and not at all for those that do not, so data
-/// that is not JSON fails only the dependencies whose filters read it.
+/// Through the sensor's own matching (where the filter paths are located while the data is
+/// checked): data that is not JSON fails only the dependencies whose filters read it, and
+/// located values answer as gjson does. (That a dependency without such filters skips the
+/// check is not visible here; its answer is the same either way.)
 #[test]
 fn only_the_dependencies_that_read_the_data_need_it_to_be_json() {
     let mut b = crate::run::Bench::new(json!({
@@ -1709,20 +1710,24 @@ fn only_the_dependencies_that_read_the_data_need_it_to_be_json() {
     assert_eq!(b.event("s", &doc("A-1", 3)), 2);
     assert_eq!(b.event("s", &doc("A-1", 2)), 1, "the expr fails");
     assert_eq!(b.event("s", &doc("C-1", 9)), 1, "the data filter fails");
-    // A key with escapes on a planned path: read as gjson reads it.
-    let escaped = unchecked(r#"{"it\u0065ms":[{"sku":"A-2","qty":5}]}"#.to_owned());
+    // A key with escapes before the plain one on a planned path: gjson reads the escaped key
+    // as `items` and takes it (the first of the name), so the event fails the data filter;
+    // locating the plain one instead would pass it.
+    let text = r#"{"it\u0065ms":[{"sku":"X-9","qty":1}],"items":[{"sku":"A-2","qty":5}]}"#;
     assert_eq!(
-        b.event("s", &escaped),
-        1 + usize::from(
-            gjson::get(r#"{"it\u0065ms":[{"sku":"A-2","qty":5}]}"#, "items.0.sku").exists()
-        )
+        gjson::get(text, "items.0.sku").str(),
+        "X-9",
+        "gjson's reading"
     );
+    assert_eq!(b.event("s", &unchecked(text.to_owned())), 1);
 }
 
 /// A run that is one hand-over to the sink (one output, no retry, no dead letter, no rate
 /// limit) is settled by its output's continuation, with no task of its own; when the sink's
 /// queue is full it waits in the sensor's window instead. Either way the input is settled with
-/// the output's outcome and the run is counted once.
+/// the output's outcome and the run is counted once. (What this pins holds for both ways, and
+/// held before the continuation: a continuation called never or twice, or a run lost at the
+/// full queue, fails it.)
 #[tokio::test]
 async fn a_run_handed_straight_to_the_sink_settles_its_input_with_the_outcome() {
     let mut rig = ProcessorRig::addressing_with_queue("direct", &["a"], &["out"], 2);
@@ -1786,5 +1791,60 @@ async fn a_run_handed_straight_to_the_sink_settles_its_input_with_the_outcome() 
     );
     assert_eq!(count("fired") - fired, 4.0);
     assert_eq!(count("failed") - failed, 1.0);
+    stop(&mut rig, task).await;
+}
+
+/// Hand-overs settled by the sink's answer count against `concurrency` too: with
+/// `concurrency: 2` the sensor holds at most two of them and two waiting runs, and takes the
+/// next input only when the waiting runs' window has room.
+#[tokio::test]
+async fn unsettled_hand_overs_are_bounded_by_concurrency() {
+    let mut rig = ProcessorRig::addressing("bounded", &["a"], &["out"]);
+    let mut out = rig.capture_of("out");
+    let task = start(&mut rig, "bounded", json!({
+        "dependencies": [{"name": "d", "source": "a"}],
+        "triggers": [{"name": "t", "sink": "out", "atLeastOnce": true}],
+        "concurrency": 2
+    }))
+    .await;
+    let mut pending = Vec::new();
+    for i in 0..6 {
+        let e = Event::new(format!("e{i}"), "/s", "t").with_json("{}");
+        pending.push(rig.sender_of("a").send(vec![e]).await);
+    }
+    let mut held = std::collections::BTreeMap::new();
+    for _ in 0..4 {
+        let item = out.next_within(Duration::from_secs(5)).await;
+        held.insert(item.event.id.clone(), item);
+    }
+    // Two hand-overs (e0, e1) and two waiting runs (e2, e3): no fifth input is taken.
+    let ids: Vec<_> = held.keys().cloned().collect();
+    assert_eq!(ids, ["e0", "e1", "e2", "e3"]);
+    let quiet = |what: &'static str| async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        what
+    };
+    let what = quiet("a fifth run while four are unsettled").await;
+    assert!(out.try_next().is_none(), "{what}");
+    // A settled hand-over frees its place, but the waiting runs' window is still full.
+    held.remove("e0").unwrap().delivery.delivered();
+    let what = quiet("a fifth run while the window is full").await;
+    assert!(out.try_next().is_none(), "{what}");
+    // A waiting run settles: the next input is taken (and waits, since e3 does).
+    held.remove("e2").unwrap().delivery.delivered();
+    let item = out.next_within(Duration::from_secs(5)).await;
+    assert_eq!(item.event.id, "e4");
+    held.insert(item.event.id.clone(), item);
+    let what = quiet("a sixth run while the window is full").await;
+    assert!(out.try_next().is_none(), "{what}");
+    for (_, item) in held {
+        item.delivery.delivered();
+    }
+    let last = out.next_within(Duration::from_secs(5)).await;
+    assert_eq!(last.event.id, "e5");
+    last.delivery.delivered();
+    for p in pending {
+        assert!(tokio::time::timeout(Duration::from_secs(5), p).await.unwrap().is_delivered());
+    }
     stop(&mut rig, task).await;
 }
