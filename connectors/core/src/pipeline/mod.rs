@@ -185,11 +185,14 @@ impl SourceSender {
     }
 
     /// Queues one event for `target` now, with no future and no task waiting on it: `then` is
-    /// called with its outcome once the sink settled it (in the task that settled it, so it
-    /// must be short and must not block). The event is not deduplicated (a processor's output
-    /// never is). Hands both back when `target`'s queue has no room now (`block`) or `target`
-    /// is not this stage's: send them with [`SourceSender::send_to`] then, which waits for
-    /// room or refuses.
+    /// called with its outcome once the sink settled it, in the task that settled it, so it
+    /// must be short and must not block. That may be the caller's own task before this
+    /// returns (a sink that is not running, a `drop_newest` queue that dropped the event, a
+    /// sink that settled it at once on another thread): hold no lock `then` takes while
+    /// calling this. The event is not deduplicated (a processor's output never is). Hands
+    /// both back when `target`'s queue has no room now (`block`) or `target` is not this
+    /// stage's: send them with [`SourceSender::send_to`] then, which waits for room or
+    /// refuses.
     #[allow(clippy::result_large_err)] // the event itself is handed back, not an error
     pub fn try_send_to_then(
         &self,
