@@ -1430,13 +1430,14 @@ mod addressed_tests {
     use super::wiring::*;
     use super::*;
 
-    #[tokio::test]
-    async fn addressed_targets_are_reached_only_by_send_to_and_only_by_their_stage() {
-        let spec = PipelineSpec {
+    /// Stages `a` and `b`; the sink `out` (a `block` queue of `queue_events`) is addressed by
+    /// `a` only, and no route leads anywhere.
+    fn addressed_spec(queue_events: usize) -> PipelineSpec {
+        PipelineSpec {
             sources: vec!["a".into(), "b".into()],
             sinks: vec![SinkSpec {
                 name: "out".into(),
-                queue_events: 16,
+                queue_events,
                 queue_bytes: 1 << 20,
                 when_full: WhenFull::Block,
                 dead_letter: None,
@@ -1448,8 +1449,12 @@ mod addressed_tests {
             dedup_persistent: false,
             memory_budget: 1 << 20,
             unrouted: Unrouted::Ack,
-        };
-        let built = build(&spec);
+        }
+    }
+
+    #[tokio::test]
+    async fn addressed_targets_are_reached_only_by_send_to_and_only_by_their_stage() {
+        let built = build(&addressed_spec(16));
         let (a, b) = (&built.senders[0], &built.senders[1]);
         let mut out = built.inputs.into_iter().next().unwrap();
         assert!(b.target("out").is_none(), "b does not address `out`");
@@ -1475,24 +1480,7 @@ mod addressed_tests {
 
     #[tokio::test]
     async fn an_output_handed_over_with_a_continuation_settles_it_once_settled() {
-        let spec = PipelineSpec {
-            sources: vec!["a".into(), "b".into()],
-            sinks: vec![SinkSpec {
-                name: "out".into(),
-                queue_events: 2,
-                queue_bytes: 1 << 20,
-                when_full: WhenFull::Block,
-                dead_letter: None,
-            }],
-            processors: Vec::new(),
-            routes: Vec::new(),
-            addressed: vec![(0, 0)],
-            dedup: None,
-            dedup_persistent: false,
-            memory_budget: 1 << 20,
-            unrouted: Unrouted::Ack,
-        };
-        let built = build(&spec);
+        let built = build(&addressed_spec(2));
         let (a, b) = (&built.senders[0], &built.senders[1]);
         let mut out = built.inputs.into_iter().next().unwrap();
         let t = a.target("out").expect("a addresses `out`");
