@@ -1801,11 +1801,15 @@ async fn a_run_handed_straight_to_the_sink_settles_its_input_with_the_outcome() 
 async fn unsettled_hand_overs_are_bounded_by_concurrency() {
     let mut rig = ProcessorRig::addressing("bounded", &["a"], &["out"]);
     let mut out = rig.capture_of("out");
-    let task = start(&mut rig, "bounded", json!({
-        "dependencies": [{"name": "d", "source": "a"}],
-        "triggers": [{"name": "t", "sink": "out", "atLeastOnce": true}],
-        "concurrency": 2
-    }))
+    let task = start(
+        &mut rig,
+        "bounded",
+        json!({
+            "dependencies": [{"name": "d", "source": "a"}],
+            "triggers": [{"name": "t", "sink": "out", "atLeastOnce": true}],
+            "concurrency": 2
+        }),
+    )
     .await;
     let mut pending = Vec::new();
     for i in 0..6 {
@@ -1844,7 +1848,10 @@ async fn unsettled_hand_overs_are_bounded_by_concurrency() {
     assert_eq!(last.event.id, "e5");
     last.delivery.delivered();
     for p in pending {
-        assert!(tokio::time::timeout(Duration::from_secs(5), p).await.unwrap().is_delivered());
+        assert!(tokio::time::timeout(Duration::from_secs(5), p)
+            .await
+            .unwrap()
+            .is_delivered());
     }
     stop(&mut rig, task).await;
 }
