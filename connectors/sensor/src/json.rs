@@ -138,37 +138,47 @@ impl<'a> Doc<'a> {
             }
         }
         if let Some(members) = &self.members {
-            let plain = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'-';
-            let (first, rest) = match path.bytes().position(|c| !plain(c)) {
-                None => (path, None),
-                // The next step starts with a plain character or `#` (a count or a query),
-                // never `.` (gjson's JSON-lines prefix), `@` (a modifier at a path's start)
-                // or anything else gjson reads differently at the start of a path.
-                Some(i)
-                    if path.as_bytes()[i] == b'.'
-                        && path
-                            .as_bytes()
-                            .get(i + 1)
-                            .is_some_and(|&c| plain(c) || c == b'#') =>
-                {
-                    (&path[..i], Some(&path[i + 1..]))
-                }
-                Some(_) => return gjson::get(self.text, path),
+            let Some((first, rest)) = split_first(path) else {
+                return gjson::get(self.text, path);
             };
-            if !first.is_empty() {
-                if let Some((_, value)) = members.iter().find(|(k, _)| *k == first) {
-                    let found = match rest {
-                        None => gjson::parse(value),
-                        Some(rest) => gjson::get(value, rest),
-                    };
-                    if found.exists() {
-                        return found;
-                    }
+            if let Some((_, value)) = members.iter().find(|(k, _)| *k == first) {
+                let found = match rest {
+                    None => gjson::parse(value),
+                    Some(rest) => gjson::get(value, rest),
+                };
+                if found.exists() {
+                    return found;
                 }
             }
         }
         gjson::get(self.text, path)
     }
+}
+
+/// A character of a plain step: one gjson reads as itself.
+fn plain(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'-'
+}
+
+/// `path` as its first step, a plain name, and the rest after it, when gjson reads that rest
+/// inside the first step's member as it would from the start: the next step starts with a plain
+/// character or `#` (a count or a query), never `.` (gjson's JSON-lines prefix), `@` (a modifier
+/// at a path's start) or anything else gjson reads differently at the start of a path.
+fn split_first(path: &str) -> Option<(&str, Option<&str>)> {
+    let (first, rest) = match path.bytes().position(|c| !plain(c)) {
+        None => (path, None),
+        Some(i)
+            if path.as_bytes()[i] == b'.'
+                && path
+                    .as_bytes()
+                    .get(i + 1)
+                    .is_some_and(|&c| plain(c) || c == b'#') =>
+        {
+            (&path[..i], Some(&path[i + 1..]))
+        }
+        Some(_) => return None,
+    };
+    (!first.is_empty()).then_some((first, rest))
 }
 
 /// The gjson paths a sensor's filters read, as a tree of plain steps, so that one checking
@@ -194,12 +204,12 @@ struct Node {
     children: Vec<(String, Node)>,
     /// This value is located whole, into this slot.
     slot: Option<usize>,
+    /// The array index this node's step names (a step of digits; gjson reads `00` as 0).
+    index: Option<u64>,
 }
 
 fn plain_step(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+    !s.is_empty() && s.bytes().all(plain)
 }
 
 impl Plan {
@@ -208,6 +218,7 @@ impl Plan {
         root: Node {
             children: Vec::new(),
             slot: None,
+            index: None,
         },
         paths: Vec::new(),
         slots: 0,
@@ -224,13 +235,8 @@ impl Plan {
             let steps: Vec<&str> = path.split('.').collect();
             if steps.iter().all(|s| plain_step(s)) {
                 wanted.push((path.to_owned(), steps, None));
-            } else if let Some((first, rest)) = path.split_once('.') {
-                let next_ok = rest.bytes().next().is_some_and(|c| {
-                    c.is_ascii_alphanumeric() || c == b'_' || c == b'-' || c == b'#'
-                });
-                if plain_step(first) && next_ok {
-                    wanted.push((path.to_owned(), vec![first], Some(rest)));
-                }
+            } else if let Some((first, Some(rest))) = split_first(path) {
+                wanted.push((path.to_owned(), vec![first], Some(rest)));
             }
         }
         // The located values, shortest first, so that a value holding another planned value
@@ -249,7 +255,16 @@ impl Plan {
                 let i = match node.children.iter().position(|(s, _)| s == step) {
                     Some(i) => i,
                     None => {
-                        node.children.push(((*step).to_owned(), Node::default()));
+                        let index = step
+                            .bytes()
+                            .all(|c| c.is_ascii_digit())
+                            .then(|| step.parse::<u64>().ok())
+                            .flatten();
+                        let node_of_step = Node {
+                            index,
+                            ..Node::default()
+                        };
+                        node.children.push(((*step).to_owned(), node_of_step));
                         node.children.len() - 1
                     }
                 };
@@ -358,19 +373,15 @@ impl<'de> Visitor<'de> for NodeSeed<'_, '_, 'de> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<(), A::Error> {
-        // The steps that index an array (digits; gjson reads `00` as 0).
-        let indexed: SmallVec<[(u64, &Node); 2]> = self
-            .node
-            .children
-            .iter()
-            .filter(|(step, _)| step.bytes().all(|c| c.is_ascii_digit()))
-            .filter_map(|(step, node)| Some((step.parse::<u64>().ok()?, node)))
-            .collect();
         let mut index: u64 = 0;
         loop {
-            let child = indexed.iter().find(|(i, _)| *i == index);
+            let child = self
+                .node
+                .children
+                .iter()
+                .find(|(_, n)| n.index == Some(index));
             let more = match child {
-                Some(&(_, node)) => s
+                Some((_, node)) => s
                     .next_element_seed(NodeSeed {
                         node,
                         located: self.located,
