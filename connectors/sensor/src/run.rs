@@ -448,12 +448,7 @@ impl Sensor {
         attempts: u32,
         outcome: &Outcome,
     ) {
-        let ids = || {
-            events
-                .iter()
-                .map(|(_, e)| e.id.as_str())
-                .collect::<Vec<_>>()
-        };
+        let ids = || event_ids(events);
         if outcome.is_delivered() {
             tr.counters.fired.increment(1);
             if attempts == 1 {
@@ -576,6 +571,12 @@ impl<'a> Checked<'a> {
         };
         &self.docs[i].1
     }
+}
+
+/// The ids of a run's events, for its log lines (a field is evaluated only when its level is
+/// on).
+fn event_ids(events: &[(usize, Arc<Event>)]) -> Vec<&str> {
+    events.iter().map(|(_, e)| e.id.as_str()).collect()
 }
 
 /// The event's data for the filters: `Ok(None)` without data, `Err` when it is not JSON.
@@ -1133,13 +1134,6 @@ impl Run {
             let (sensor, state, sender) = (&run.sensor, &run.state, &run.sender);
             let (limiter, grace_over) = (&run.limiters[f.trigger], &run.grace_over);
             let tr = &sensor.triggers[f.trigger];
-            // For the log lines only (their fields are evaluated only when the level is on).
-            let ids = || {
-                f.events
-                    .iter()
-                    .map(|(_, e)| e.id.as_str())
-                    .collect::<Vec<_>>()
-            };
             // The output is kept for a next attempt or a dead letter only when one can follow.
             let reusable = tr.retry.attempts > 1 || tr.dlq.is_some();
             let mut outs = outs;
@@ -1231,7 +1225,7 @@ impl Run {
                 };
                 if dl.is_delivered() {
                     tr.counters.dead_lettered.increment(1);
-                    tracing::warn!(sensor = %sensor.name, trigger = %tr.name, events = ?ids(), %reason, "trigger failed; sent to its dlqTrigger");
+                    tracing::warn!(sensor = %sensor.name, trigger = %tr.name, events = ?event_ids(&f.events), %reason, "trigger failed; sent to its dlqTrigger");
                     return settle(dl);
                 }
             }
