@@ -9,6 +9,12 @@
 #   benches/kafka_callgrind.sh                          # the daemon built here (release)
 #   COUNT=100000 benches/kafka_callgrind.sh BIN...      # prebuilt daemons, in this order
 #   KEEP=/tmp/kcg ...                                   # keeps the profiles as /tmp/kcg.1, .2, …
+#   RAW=1 ...                                           # and the raw consume loop, same records
+#
+# RAW=1 adds a row for connectors/kafka/examples/consume_loop (the ceiling of benches/consume.sh)
+# counted the same way, whole process with librdkafka's threads, so the two counts form the
+# instruction ratio that issue #13's Kafka → null goal is measured by where the raw loop is not
+# bound by its CPU (it waits on the mock cluster: docs/benchmarks.md, bus sources).
 #
 # Needs valgrind (installed if missing). A daemon under callgrind runs about 50 times slower:
 # 100 000 records take a minute or two.
@@ -46,3 +52,11 @@ for bin in "${bins[@]}"; do
   read -r got per <<<"$out"
   echo "| $bin | $got | $per |"
 done
+if [ "${RAW:-0}" = 1 ]; then
+  valgrind --tool=callgrind --callgrind-out-file="$work/cg.raw" target/release/examples/consume_loop \
+    --brokers "$BS" --topic bench --group "cg-raw-$(date +%s%N)" --count "$COUNT" >/dev/null 2>"$work/vg.raw" \
+    || { echo "the raw loop failed; valgrind said:" >&2; tail -5 "$work/vg.raw" >&2; exit 1; }
+  [ -n "${KEEP:-}" ] && cp "$work/cg.raw" "$KEEP.raw"
+  ir=$(callgrind_annotate "$work/cg.raw" 2>/dev/null | awk '/PROGRAM TOTALS/ && !d {gsub(",","",$1); print $1; d=1}')
+  echo "| raw consume loop | $COUNT | $((ir / COUNT)) |"
+fi

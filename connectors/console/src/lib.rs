@@ -6,7 +6,9 @@
 
 use serde::Deserialize;
 use sluice_core::format::encode_event_into;
-use sluice_core::{BoxFuture, ConnectorError, Running, SinkConfig, SinkContext, SinkItem};
+use sluice_core::{
+    BoxFuture, ConnectorError, Delivery, Running, SinkConfig, SinkContext, SinkItem,
+};
 use tokio::io::AsyncWriteExt;
 
 /// Events taken from the queue per write.
@@ -55,7 +57,7 @@ pub async fn run_log<W: tokio::io::AsyncWrite + Unpin>(
             _ = ctx.grace_over.cancelled() => Err(std::io::Error::other("shutdown grace period over")),
         };
         match result {
-            Ok(()) => items.drain(..).for_each(|i| i.delivery.delivered()),
+            Ok(()) => Delivery::delivered_all(items.drain(..).map(|i| i.delivery)),
             Err(e) => {
                 tracing::error!(sink = %ctx.name, error = %e, "log sink: writing to stdout failed; events are reported as failed");
                 let reason = format!("writing to stdout failed: {e}");
@@ -81,9 +83,7 @@ impl SinkConfig for NullConfig {
             Ok(Box::pin(async move {
                 let mut items = Vec::with_capacity(BATCH);
                 while ctx.input.recv_many(&mut items, BATCH).await > 0 {
-                    items
-                        .drain(..)
-                        .for_each(|i: SinkItem| i.delivery.delivered());
+                    Delivery::delivered_all(items.drain(..).map(|i: SinkItem| i.delivery));
                 }
                 Ok(())
             }) as Running)

@@ -270,6 +270,29 @@ impl Unit {
         Self::release(st);
     }
 
+    /// Reports one outstanding item of each event in `idxs` as delivered, as [`Unit::report`]
+    /// does for one, under one lock. `idxs` is not empty.
+    pub(crate) fn report_delivered(&self, idxs: &[usize]) {
+        let mut st = self.lock();
+        for &idx in idxs {
+            let ev = &mut st.events[idx];
+            ev.status = ev.status.max(Status::Delivered);
+            ev.pending -= 1;
+            if ev.pending == 0 {
+                if let (Some((key, at)), Some(dedup)) = (ev.key, &self.dedup) {
+                    if ev.status == Status::Delivered {
+                        dedup.confirm(key, at);
+                    } else {
+                        dedup.forget(key, at);
+                    }
+                }
+            }
+        }
+        // `release` takes the last one off.
+        st.pending -= idxs.len() - 1;
+        Self::release(st);
+    }
+
     /// Ends routing. Called exactly once, by [`RoutingGuard`].
     fn end_routing(&self) {
         Self::release(self.lock());
@@ -423,6 +446,53 @@ impl Delivery {
 
     pub fn delivered(self) {
         self.complete(Status::Delivered, None)
+    }
+
+    /// Reports every delivery of `deliveries` as delivered, as [`Delivery::delivered`] does
+    /// one by one, for a sink that finished a batch: one clock reading for the batch and, per
+    /// run of deliveries of one unit to one sink (the events a source sent together), one lock
+    /// of the unit and one return of their queue bytes and budget.
+    pub fn delivered_all(deliveries: impl IntoIterator<Item = Delivery>) {
+        let now = Instant::now();
+        let mut run: Option<Delivery> = None;
+        let mut idxs: Vec<usize> = Vec::new();
+        let mut held = (0u32, 0u32);
+        for mut d in deliveries {
+            if d.done {
+                continue;
+            }
+            if let Some(first) = &run {
+                if !(Arc::ptr_eq(&first.unit, &d.unit) && Arc::ptr_eq(&first.sink, &d.sink)) {
+                    let first = run.take().expect("a run");
+                    Self::settle_run(first, &idxs, std::mem::take(&mut held), now);
+                    idxs.clear();
+                }
+            }
+            // Reported here, not by its own drop; its bytes are given back with the run's.
+            d.done = true;
+            let (bytes, budget) = std::mem::take(&mut d.held);
+            held = (held.0 + bytes, held.1 + budget);
+            idxs.push(d.idx);
+            if run.is_none() {
+                run = Some(d);
+            }
+        }
+        if let Some(first) = run {
+            Self::settle_run(first, &idxs, held, now);
+        }
+    }
+
+    /// The telemetry, the unit's reports and the bytes of one run of [`Delivery::delivered_all`]:
+    /// `first` is the run's first delivery, already marked done.
+    fn settle_run(first: Delivery, idxs: &[usize], (bytes, budget): (u32, u32), now: Instant) {
+        let t = &first.sink.telemetry;
+        t.delivered.increment(idxs.len() as u64);
+        let latency = now
+            .saturating_duration_since(first.unit.started)
+            .as_secs_f64();
+        t.latency.record_many(latency, idxs.len());
+        first.unit.report_delivered(idxs);
+        first.sink.give(bytes, budget);
     }
 
     /// The sink gave up on the event (after its own retries, if any): a transient failure.

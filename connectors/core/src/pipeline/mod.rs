@@ -929,6 +929,51 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn deliveries_reported_together_settle_each_unit_and_give_their_bytes_back() {
+        let mut b = build(&spec(
+            &[("a", 10, WhenFull::Block), ("b", 10, WhenFull::Block)],
+            all_to(vec![0, 1]),
+        ));
+        let s = b.senders[0].clone();
+        let p1 = s.send(vec![ev("1"), ev("2")]).await;
+        let p2 = s.send(vec![ev("3")]).await;
+        let mut items = Vec::new();
+        while let Some(item) = b.inputs[0].try_recv() {
+            items.push(item);
+        }
+        assert_eq!(items.len(), 3);
+        assert!(b.inputs[0].held().0 > 0, "queued events hold bytes");
+        // Out of queue order, so that one unit's deliveries form two runs.
+        items.swap(1, 2);
+        let ids: Vec<String> = items.iter().map(|i| i.event.id.clone()).collect();
+        assert_eq!(ids, ["1", "3", "2"]);
+        Delivery::delivered_all(items.into_iter().map(|i| i.delivery));
+        assert_eq!(b.inputs[0].held().0, 0, "every event's bytes are back");
+        let (mut p1, mut p2) = (Box::pin(p1), Box::pin(p2));
+        assert!(
+            futures_util::poll!(p1.as_mut()).is_pending(),
+            "b holds them"
+        );
+        assert!(
+            futures_util::poll!(p2.as_mut()).is_pending(),
+            "b holds them"
+        );
+        let copies: Vec<Delivery> = std::iter::from_fn(|| b.inputs[1].try_recv())
+            .map(|i| i.delivery)
+            .collect();
+        Delivery::delivered_all(copies);
+        assert_eq!(b.inputs[1].held(), (0, 0));
+        let (o1, o2) = (p1.await, p2.await);
+        assert_eq!((o1.status, o1.events), (Status::Delivered, 2));
+        assert_eq!((o2.status, o2.events), (Status::Delivered, 1));
+        // Each event's dedup entry was confirmed as delivered: the same events again are
+        // duplicates, answered delivered without reaching a sink.
+        let again = s.send(vec![ev("1"), ev("2"), ev("3")]).await.await;
+        assert_eq!((again.status, again.duplicates), (Status::Delivered, 3));
+        assert!(b.inputs[0].try_recv().is_none());
+    }
+
+    #[tokio::test]
     async fn a_unit_given_up_while_blocked_fails_although_some_copies_were_queued() {
         // The copy for a is queued, b (one slot, taken) has no room for the original.
         let mut b = build(&spec(

@@ -414,6 +414,12 @@ impl SinkInput {
         self.rx.try_recv().ok()
     }
 
+    /// The queue's bytes and the memory budget's held now (queued and in-delivery events).
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> (u64, u64) {
+        (self.shared.bytes.used(), self.shared.budget.used())
+    }
+
     /// Events waiting in the queue.
     pub fn len(&self) -> usize {
         self.rx.len()
