@@ -451,48 +451,51 @@ impl Delivery {
     /// Reports every delivery of `deliveries` as delivered, as [`Delivery::delivered`] does
     /// one by one, for a sink that finished a batch: one clock reading for the batch and, per
     /// run of deliveries of one unit to one sink (the events a source sent together), one lock
-    /// of the unit and one return of their queue bytes and budget.
+    /// of the unit and one return of their queue bytes and budget. Until its run is reported
+    /// each delivery is whole, so a panic on the way (in the iterator) drops it as a failure
+    /// with its bytes given back, as for any delivery dropped unreported.
     pub fn delivered_all(deliveries: impl IntoIterator<Item = Delivery>) {
         let now = Instant::now();
-        let mut run: Option<Delivery> = None;
+        let mut run: Vec<Delivery> = Vec::new();
         let mut idxs: Vec<usize> = Vec::new();
-        let mut held = (0u32, 0u32);
-        for mut d in deliveries {
+        for d in deliveries {
             if d.done {
                 continue;
             }
-            if let Some(first) = &run {
+            if let Some(first) = run.first() {
                 if !(Arc::ptr_eq(&first.unit, &d.unit) && Arc::ptr_eq(&first.sink, &d.sink)) {
-                    let first = run.take().expect("a run");
-                    Self::settle_run(first, &idxs, std::mem::take(&mut held), now);
-                    idxs.clear();
+                    Self::settle_run(&mut run, &mut idxs, now);
                 }
             }
-            // Reported here, not by its own drop; its bytes are given back with the run's.
-            d.done = true;
-            let (bytes, budget) = std::mem::take(&mut d.held);
-            held = (held.0 + bytes, held.1 + budget);
-            idxs.push(d.idx);
-            if run.is_none() {
-                run = Some(d);
-            }
+            run.push(d);
         }
-        if let Some(first) = run {
-            Self::settle_run(first, &idxs, held, now);
+        if !run.is_empty() {
+            Self::settle_run(&mut run, &mut idxs, now);
         }
     }
 
-    /// The telemetry, the unit's reports and the bytes of one run of [`Delivery::delivered_all`]:
-    /// `first` is the run's first delivery, already marked done.
-    fn settle_run(first: Delivery, idxs: &[usize], (bytes, budget): (u32, u32), now: Instant) {
-        let t = &first.sink.telemetry;
+    /// Reports one run of [`Delivery::delivered_all`] (deliveries of one unit to one sink, none
+    /// done) and empties it (each dropped as done, after the report, as `delivered` drops it). The bytes go back before the unit hears: a panic in what its
+    /// outcome wakes or calls cannot keep them.
+    fn settle_run(run: &mut Vec<Delivery>, idxs: &mut Vec<usize>, now: Instant) {
+        let (unit, sink) = (run[0].unit.clone(), run[0].sink.clone());
+        let (mut bytes, mut budget) = (0u32, 0u32);
+        idxs.clear();
+        for d in run.iter_mut() {
+            // Reported below, not by its own drop.
+            d.done = true;
+            let (b, g) = std::mem::take(&mut d.held);
+            bytes += b;
+            budget += g;
+            idxs.push(d.idx);
+        }
+        let t = &sink.telemetry;
         t.delivered.increment(idxs.len() as u64);
-        let latency = now
-            .saturating_duration_since(first.unit.started)
-            .as_secs_f64();
+        let latency = now.saturating_duration_since(unit.started).as_secs_f64();
         t.latency.record_many(latency, idxs.len());
-        first.unit.report_delivered(idxs);
-        first.sink.give(bytes, budget);
+        sink.give(bytes, budget);
+        unit.report_delivered(idxs);
+        run.clear();
     }
 
     /// The sink gave up on the event (after its own retries, if any): a transient failure.

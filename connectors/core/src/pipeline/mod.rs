@@ -974,6 +974,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_batch_report_cut_short_by_a_panic_fails_what_it_had_not_reported() {
+        let mut b = build(&spec(&[("a", 10, WhenFull::Block)], all_to(vec![0])));
+        let s = b.senders[0].clone();
+        let p = s.send(vec![ev("1"), ev("2"), ev("3")]).await;
+        let items: Vec<SinkItem> = std::iter::from_fn(|| b.inputs[0].try_recv()).collect();
+        assert_eq!(items.len(), 3);
+        let mut deliveries = items.into_iter().map(|i| i.delivery);
+        let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut n = 0;
+            Delivery::delivered_all(std::iter::from_fn(|| {
+                n += 1;
+                assert!(n < 3, "the sink's iterator panics at its third item");
+                deliveries.next()
+            }))
+        }));
+        assert!(taken.is_err());
+        drop(deliveries);
+        let out = tokio::time::timeout(Duration::from_secs(2), p)
+            .await
+            .expect("every event was reported");
+        assert_eq!(out.status, Status::Failed, "nothing was reported delivered");
+        assert_eq!(b.inputs[0].held(), (0, 0), "every event's bytes are back");
+    }
+
+    #[tokio::test]
     async fn a_unit_given_up_while_blocked_fails_although_some_copies_were_queued() {
         // The copy for a is queued, b (one slot, taken) has no room for the original.
         let mut b = build(&spec(
