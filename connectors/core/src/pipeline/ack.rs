@@ -475,8 +475,9 @@ impl Delivery {
     }
 
     /// Reports one run of [`Delivery::delivered_all`] (deliveries of one unit to one sink, none
-    /// done) and empties it (each dropped as done, after the report, as `delivered` drops it). The bytes go back before the unit hears: a panic in what its
-    /// outcome wakes or calls cannot keep them.
+    /// done) and empties it: each is dropped as done after the report, as `delivered` drops
+    /// it. The bytes go back before the unit hears: a panic in what its outcome wakes or calls
+    /// cannot keep them.
     fn settle_run(run: &mut Vec<Delivery>, idxs: &mut Vec<usize>, now: Instant) {
         let (unit, sink) = (run[0].unit.clone(), run[0].sink.clone());
         let (mut bytes, mut budget) = (0u32, 0u32);
