@@ -67,10 +67,15 @@ impl<'a> Doc<'a> {
             }),
             // A key serde_json would not take as a borrowed string (a lone surrogate escape, say)
             // fails the locating pass; the plain check decides.
-            Err(_) => serde_json::from_str::<IgnoredAny>(text)
-                .ok()
-                .map(|_| Doc::trusted(text)),
+            Err(_) => Doc::check_plain(text),
         }
+    }
+
+    /// `text` if it is one JSON document, checked without locating anything.
+    fn check_plain(text: &'a str) -> Option<Doc<'a>> {
+        serde_json::from_str::<IgnoredAny>(text)
+            .ok()
+            .map(|_| Doc::trusted(text))
     }
 
     /// `text` if it is one JSON document, else `None`; the values at `plan`'s paths are
@@ -96,9 +101,7 @@ impl<'a> Doc<'a> {
             });
         }
         // As in `check`: a key the locating pass would not take decides nothing.
-        serde_json::from_str::<IgnoredAny>(text)
-            .ok()
-            .map(|_| Doc::trusted(text))
+        Doc::check_plain(text)
     }
 
     /// Data a source already checked (`Data::Json`): not checked again, no member located.
@@ -125,14 +128,8 @@ impl<'a> Doc<'a> {
     pub(crate) fn get(&self, path: &'a str) -> gjson::Value<'a> {
         if let Some((plan, located)) = &self.located {
             if let Some((slot, rest)) = plan.find(path) {
-                if let Some(value) = located.get(slot) {
-                    let found = match rest {
-                        None => gjson::parse(value),
-                        Some(rest) => gjson::get(value, rest),
-                    };
-                    if found.exists() {
-                        return found;
-                    }
+                if let Some(found) = located.get(slot).and_then(|v| inside(v, rest)) {
+                    return found;
                 }
                 return gjson::get(self.text, path);
             }
@@ -141,18 +138,22 @@ impl<'a> Doc<'a> {
             let Some((first, rest)) = split_first(path) else {
                 return gjson::get(self.text, path);
             };
-            if let Some((_, value)) = members.iter().find(|(k, _)| *k == first) {
-                let found = match rest {
-                    None => gjson::parse(value),
-                    Some(rest) => gjson::get(value, rest),
-                };
-                if found.exists() {
-                    return found;
-                }
+            let member = members.iter().find(|(k, _)| *k == first);
+            if let Some(found) = member.and_then(|(_, v)| inside(v, rest)) {
+                return found;
             }
         }
         gjson::get(self.text, path)
     }
+}
+
+/// `rest` looked up inside the raw JSON `value` (`None`: the value itself), when it is there.
+fn inside<'a>(value: &'a str, rest: Option<&'a str>) -> Option<gjson::Value<'a>> {
+    let found = match rest {
+        None => gjson::parse(value),
+        Some(rest) => gjson::get(value, rest),
+    };
+    found.exists().then_some(found)
 }
 
 /// A character of a plain step: one gjson reads as itself.
@@ -611,18 +612,22 @@ mod tests {
         "items.0.sku.x",
     ];
 
+    /// `d.get(path)` is what gjson answers from the start of `doc`.
+    fn assert_as_gjson(d: &Doc<'_>, doc: &str, path: &str, what: &str) {
+        let (a, b) = (d.get(path), gjson::get(doc, path));
+        assert_eq!(a.exists(), b.exists(), "{what}");
+        assert!(a.kind() == b.kind(), "{what}");
+        assert_eq!(a.json(), b.json(), "{what}");
+        assert_eq!(a.str(), b.str(), "{what}");
+        assert_eq!(a.f64(), b.f64(), "{what}");
+    }
+
     #[test]
     fn a_located_lookup_answers_what_gjson_answers_from_the_start() {
         for doc in DOCS {
             let d = Doc::check(doc).unwrap_or_else(|| panic!("{doc} is JSON"));
             for path in PATHS {
-                let (a, b) = (d.get(path), gjson::get(doc, path));
-                let what = format!("{doc} at {path:?}");
-                assert_eq!(a.exists(), b.exists(), "{what}");
-                assert!(a.kind() == b.kind(), "{what}");
-                assert_eq!(a.json(), b.json(), "{what}");
-                assert_eq!(a.str(), b.str(), "{what}");
-                assert_eq!(a.f64(), b.f64(), "{what}");
+                assert_as_gjson(&d, doc, path, &format!("{doc} at {path:?}"));
             }
         }
     }
@@ -643,13 +648,7 @@ mod tests {
                     located_somewhere += (0..plan.slots).filter(|&i| l.get(i).is_some()).count();
                 }
                 for path in PATHS {
-                    let (a, b) = (d.get(path), gjson::get(doc, path));
-                    let what = format!("{doc} at {path:?} with {plan:?}");
-                    assert_eq!(a.exists(), b.exists(), "{what}");
-                    assert!(a.kind() == b.kind(), "{what}");
-                    assert_eq!(a.json(), b.json(), "{what}");
-                    assert_eq!(a.str(), b.str(), "{what}");
-                    assert_eq!(a.f64(), b.f64(), "{what}");
+                    assert_as_gjson(&d, doc, path, &format!("{doc} at {path:?} with {plan:?}"));
                 }
             }
         }
