@@ -937,10 +937,7 @@ mod tests {
         let s = b.senders[0].clone();
         let p1 = s.send(vec![ev("1"), ev("2")]).await;
         let p2 = s.send(vec![ev("3")]).await;
-        let mut items = Vec::new();
-        while let Some(item) = b.inputs[0].try_recv() {
-            items.push(item);
-        }
+        let mut items: Vec<SinkItem> = std::iter::from_fn(|| b.inputs[0].try_recv()).collect();
         assert_eq!(items.len(), 3);
         assert!(b.inputs[0].held().0 > 0, "queued events hold bytes");
         // Out of queue order, so that one unit's deliveries form two runs.
