@@ -30,6 +30,11 @@ WINDOW=${WINDOW:-1000}
 NATS_PORT=14223
 ADMIN=17781
 PARTS=${PARTS:-ABC}
+# BLOCKS=1 (the default): each partition's records preloaded in one block, so the producer's
+# batches fill up (about 1 000 records); BLOCKS=0: spread record by record, a few per batch.
+# The mock cluster answers a fetch with one batch per partition, so with small batches it is
+# the mock, not the consumer, that sets the rate (docs/benchmarks.md, bus sources).
+BLOCKS=${BLOCKS:-1}
 has() { [[ $PARTS == *$1* ]]; }
 pin_setup
 
@@ -71,21 +76,24 @@ while not f.readline().startswith(b"PONG"):
 PY
 fi
 echo "preloading $COUNT records of 1 KiB into Kafka (mock cluster at $BS) and JetStream ..."
-target/release/examples/produce_loop --brokers "$BS" --topic bench --count "$COUNT" --partitions "$PARTITIONS" --window 10000 >/dev/null
+target/release/examples/produce_loop --brokers "$BS" --topic bench --count "$COUNT" --partitions "$PARTITIONS" --window 10000 $([ "$BLOCKS" = 1 ] && echo --blocks) >/dev/null
 if has B; then "$JSC" --url nats://127.0.0.1:$NATS_PORT --stream BENCH --preload "$COUNT" --subject bench.in; fi
 
-ka_raw=""; ka_sl=""; js_raw=""; js_sl=""; rl_bound=""; rl_sl=""
+ka_raw=""; ka_sl=""; ka_raw_pc=""; ka_sl_pc=""; js_raw=""; js_sl=""; rl_bound=""; rl_sl=""
 STEALS=""   # the host's steal % per round (rounds above STEAL_MAX are left out of the ratios)
 for r in $(seq 1 "$ROUNDS"); do
   tag="$(date +%s)-$r"
   st0=$(steal_of); rt0=$(date +%s.%N)
   # A. Kafka → null (its raw consume rate is C's consume bound too)
   if has A || has C; then
-  read -r kraw kraw_cpu kraw_b <<<"$(run_raw $mpid target/release/examples/consume_loop --brokers "$BS" --topic bench --group "raw-$tag" --count "$COUNT")"
+  read -r kraw kraw_cpu kraw_b <<<"$(run_raw $mpid target/release/examples/consume_loop --brokers "$BS" --topic bench --group "raw-$tag" --count "$COUNT" --peer-pid $mpid)"
   kafka_null_config "$BS" "sl-$tag"
   read -r ksl ksl_cpu ksl_b <<<"$(run_sluice 'sluice_events_delivered_total{sink="out"}' $mpid)"
   echo "round $r A: raw consume $kraw rec/s (loop $kraw_cpu %, mock $kraw_b %) | sluice kafka → null $ksl ev/s (sluice $ksl_cpu %, mock $ksl_b %)"
   ka_raw+="${kraw:-0} "; ka_sl+="${ksl:-0} "
+  # Events per CPU-second: what each side does with a core, whether or not it filled one.
+  ka_raw_pc+="$(python3 -c "print(round(${kraw:-0} * 100 / max(${kraw_cpu:-0}, 1)))") "
+  ka_sl_pc+="$(python3 -c "print(round(${ksl:-0} * 100 / max(${ksl_cpu:-0}, 1)))") "
   fi
 
   # B. JetStream → null
@@ -126,6 +134,9 @@ YAML
   echo "round $r: the host's steal $st % of all CPUs"
   STEALS+="$st "
 done
-if has A; then echo "A kafka → null:        $(paired "$ka_raw" "$ka_sl" "events/s" "$STEALS")"; fi
+if has A; then
+  echo "A kafka → null:        $(paired "$ka_raw" "$ka_sl" "events/s" "$STEALS")"
+  echo "A per CPU-second:      $(paired "$ka_raw_pc" "$ka_sl_pc" "events per CPU-second" "$STEALS")"
+fi
 if has B; then echo "B jetstream → null:    $(paired "$js_raw" "$js_sl" "events/s" "$STEALS")"; fi
 if has C; then echo "C kafka → jetstream:   $(paired "$rl_bound" "$rl_sl" "events/s" "$STEALS")"; fi

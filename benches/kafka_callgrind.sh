@@ -10,6 +10,8 @@
 #   COUNT=100000 benches/kafka_callgrind.sh BIN...      # prebuilt daemons, in this order
 #   KEEP=/tmp/kcg ...                                   # keeps the profiles as /tmp/kcg.1, .2, …
 #   RAW=1 ...                                           # and the raw consume loop, same records
+#   BLOCKS=1 ...                                        # preload each partition in one block
+#                                                       # (full batches, as benches/consume.sh)
 #
 # RAW=1 adds a row for connectors/kafka/examples/consume_loop (the ceiling of benches/consume.sh)
 # counted the same way, whole process with librdkafka's threads, so the two counts form the
@@ -40,7 +42,7 @@ target/release/examples/mock_cluster --brokers 1 --topic bench --partitions $PAR
 exec 3>"$work/hold"
 for _ in $(seq 1 100); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
 BS=$(head -1 "$work/bootstrap")
-target/release/examples/produce_loop --brokers "$BS" --topic bench --count "$COUNT" --partitions $PARTITIONS --window 10000 >/dev/null
+target/release/examples/produce_loop --brokers "$BS" --topic bench --count "$COUNT" --partitions $PARTITIONS --window 10000 ${BLOCKS:+--blocks} >/dev/null
 
 echo "| daemon | events | instructions per event |"
 echo "|---|---|---|"

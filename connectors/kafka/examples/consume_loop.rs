@@ -3,9 +3,30 @@
 //! second, no auto-commit, cooperative-sticky assignment, the same prefetch bounds. Reads
 //! `--count` records, prints records per second from the first record to the last.
 //!
+//! With `--peer-pid PID` (the broker's process) it prints, after the rate, its own CPU and the
+//! peer's over that same span, in per cent of one core: the process's CPU over its whole life
+//! (the group join, the final commit and the close included) reads far lower than the loop's
+//! while it reads, and would make a loop bound by its CPU look as if it waited.
+//!
 //! cargo run --release -p sluice-kafka --example consume_loop -- --brokers HOST:PORT --topic bench --group g1 --count 200000
 
 use std::time::{Duration, Instant};
+
+/// CPU seconds (user + system, all threads) of a process so far, from `/proc/<pid>/stat`.
+fn cpu_secs(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/<pid>/stat");
+    // Fields after the command name (which may hold spaces): utime and stime are the 12th and
+    // 13th of them.
+    let f: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("a stat line")
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf reads a constant of the system.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::Message;
@@ -23,6 +44,7 @@ fn main() {
     let topic = arg("--topic").unwrap_or_else(|| "bench".into());
     let group = arg("--group").expect("--group");
     let count: u64 = arg("--count").map_or(100_000, |s| s.parse().unwrap());
+    let peer = arg("--peer-pid");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -57,7 +79,10 @@ fn main() {
                     std::process::exit(1);
                 }
             };
-            started.get_or_insert_with(Instant::now);
+            started.get_or_insert_with(|| {
+                let cpu = peer.as_deref().map(|p| (cpu_secs("self"), cpu_secs(p)));
+                (Instant::now(), cpu)
+            });
             bytes += m.payload().map_or(0, <[u8]>::len);
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(m.topic(), m.partition(), Offset::Offset(m.offset() + 1))
@@ -69,9 +94,20 @@ fn main() {
                 last_commit = Instant::now();
             }
         }
+        let (t0, cpu0) = started.unwrap();
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = cpu0.map(|(own, p)| {
+            let peer = peer.as_deref().expect("a peer");
+            (
+                100.0 * (cpu_secs("self") - own) / secs,
+                100.0 * (cpu_secs(peer) - p) / secs,
+            )
+        });
         let _ = consumer.commit_consumer_state(CommitMode::Sync);
-        let secs = started.unwrap().elapsed().as_secs_f64();
         std::hint::black_box(bytes);
-        println!("{:.0}", n as f64 / secs);
+        match cpu {
+            Some((own, peer)) => println!("{:.0} {own:.0} {peer:.0}", n as f64 / secs),
+            None => println!("{:.0}", n as f64 / secs),
+        }
     });
 }

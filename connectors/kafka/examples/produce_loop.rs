@@ -28,6 +28,7 @@ fn main() {
     let count: Option<u64> = arg("--count").map(|s| s.parse().unwrap());
     // With --partitions P, record n goes to partition n % P (an even preload).
     let partitions: Option<i32> = arg("--partitions").map(|s| s.parse().unwrap());
+    let blocks = args.iter().any(|a| a == "--blocks");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -57,7 +58,12 @@ fn main() {
             // (with --count, exactly that many records are sent).
             let mut record = FutureRecord::to(&topic).key(&key).payload(&payload);
             if let Some(p) = partitions {
-                record = record.partition(((n - 1) % p as u64) as i32);
+                let at = match count {
+                    // Partition-major: N/P records to each partition in turn.
+                    Some(c) if blocks => (n - 1) * p as u64 / c,
+                    _ => (n - 1) % p as u64,
+                };
+                record = record.partition(at as i32);
             }
             loop {
                 match producer.send_result(record) {
