@@ -166,7 +166,7 @@ impl Capture {
     pub async fn deliver_next(&mut self) -> Event {
         let item = self.next_within(Duration::from_secs(10)).await;
         item.delivery.delivered();
-        item.event
+        *item.event
     }
 
     /// Whatever is queued right now (not acknowledged).
@@ -184,7 +184,7 @@ impl Capture {
         let sink = events.clone();
         tokio::spawn(async move {
             while let Some(item) = self.input.recv().await {
-                sink.lock().unwrap().push(item.event);
+                sink.lock().unwrap().push(*item.event);
                 match status {
                     Status::Delivered => item.delivery.delivered(),
                     Status::InFlight | Status::Failed => {

@@ -374,7 +374,7 @@ fn encode(target: &Target, items: &[SinkItem]) -> (HeaderMap, Bytes) {
             body
         }
         Mode::Batched => {
-            let events: Vec<Event> = items.iter().map(|i| i.event.clone()).collect();
+            let events: Vec<Event> = items.iter().map(|i| (*i.event).clone()).collect();
             let (ct, body) = http_binding::encode_batched(&events);
             headers.insert(CONTENT_TYPE, ct);
             body

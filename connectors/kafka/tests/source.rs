@@ -143,7 +143,7 @@ async fn commits_stop_at_the_first_undelivered_record_and_failures_are_retried()
         let item = cap.next_within(Duration::from_secs(15)).await;
         let id = item.event.id.clone();
         if first.is_none() {
-            first = Some(item.event.clone());
+            first = Some((*item.event).clone());
         }
         if id == "orders-0-3" && held.is_none() {
             held = Some(item);
@@ -151,7 +151,7 @@ async fn commits_stop_at_the_first_undelivered_record_and_failures_are_retried()
         }
         if id == "orders-1-4" && !failed_once {
             failed_once = true;
-            failed_event = Some(item.event.clone());
+            failed_event = Some((*item.event).clone());
             item.delivery.failed("test: sink down");
             continue;
         }

@@ -754,13 +754,13 @@ async fn mqtt5_binary_cloudevents_cross_intact() {
     let o = binary.send(vec![e.clone()]).await;
     assert_eq!(o.status, Status::Delivered, "{o:?}");
     let got = cap.next_within(Duration::from_secs(10)).await;
-    assert_eq!(got.event, e, "binary mode: the same event");
+    assert_eq!(*got.event, e, "binary mode: the same event");
     got.delivery.delivered();
     let s = Event::new("s-1", "/devices", "telemetry").with_json(&b"[1]"[..]);
     let o = structured.send(vec![s.clone()]).await;
     assert_eq!(o.status, Status::Delivered, "{o:?}");
     let got = cap.next_within(Duration::from_secs(10)).await;
-    assert_eq!(got.event, s, "structured mode: the same event");
+    assert_eq!(*got.event, s, "structured mode: the same event");
     got.delivery.delivered();
     assert_sink_telemetry("mqtt5-sink-binary", 1, 0);
 

@@ -385,8 +385,8 @@ async fn cloudevents_cross_both_ways_intact() {
         got.insert(item.event.id.clone(), item.event.clone());
         item.delivery.delivered();
     }
-    assert_eq!(got["ev-1"], binary);
-    assert_eq!(got["ev-2"], structured);
+    assert_eq!(*got["ev-1"], binary);
+    assert_eq!(*got["ev-2"], structured);
     rig.shutdown.cancel();
     task.await.unwrap().unwrap();
 }

@@ -1303,7 +1303,7 @@ impl Run {
             return delivery.delivered();
         }
         // Shared from here: the firings and the saved partial matches hold it, not copies.
-        let event = Arc::new(event);
+        let event: Arc<Event> = Arc::from(event);
         let matched = shared(matched);
         let firings = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());

@@ -180,7 +180,7 @@ async fn run(
             }
             Step::Input(_) => {
                 for SinkItem { event, delivery } in batch.drain(..) {
-                    match set.apply(event) {
+                    match set.apply(*event) {
                         Ok(out) => {
                             window.push(hand_off(&ctx.sender, vec![delivery], vec![out]).await)
                         }

@@ -318,7 +318,10 @@ async fn sqs_sink_to_sqs_source_carries_cloudevents_both_modes_and_fifo_dedup() 
             start_source::<SqsSourceConfig>(&format!("in-{q}"), source_cfg(&m, q)).await;
         let mut cap = rig.capture();
         let got = cap.next_within(Duration::from_secs(10)).await;
-        assert_eq!(got.event, e, "{q}: the CloudEvent passed through untouched");
+        assert_eq!(
+            *got.event, e,
+            "{q}: the CloudEvent passed through untouched"
+        );
         got.delivery.delivered();
         rig.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
@@ -563,7 +566,7 @@ async fn sns_sink_publishes_to_a_topic_and_fifo_topics_deduplicate() {
     let mut got = Vec::new();
     for _ in 0..2 {
         let item = cap.next_within(Duration::from_secs(10)).await;
-        got.push(item.event.clone());
+        got.push((*item.event).clone());
         item.delivery.delivered();
     }
     got.sort_by(|a, b| a.id.cmp(&b.id));

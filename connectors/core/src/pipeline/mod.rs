@@ -1363,7 +1363,7 @@ mod tests {
                 Step::Input(0) => break window.drain().await,
                 Step::Input(_) => {
                     for SinkItem { event, delivery } in batch.drain(..) {
-                        window.push(hand_off(&sender, vec![delivery], vec![event]).await);
+                        window.push(hand_off(&sender, vec![delivery], vec![*event]).await);
                     }
                 }
                 _ => {}

@@ -70,10 +70,12 @@ pub(crate) struct SinkShared {
     budget_max: u32,
 }
 
-/// An event and its delivery ticket, as a sink receives it.
+/// An event and its delivery ticket, as a sink receives it. The event is boxed: an item is
+/// moved five times or more between the queue's send and the sink (into the channel's slot,
+/// out of it, into the sink's batch, out of that), and an event is about 250 bytes.
 #[derive(Debug)]
 pub struct SinkItem {
-    pub event: Event,
+    pub event: Box<Event>,
     pub delivery: Delivery,
 }
 
@@ -344,7 +346,10 @@ impl SinkQueue {
             .as_ref()
             .map(|d| Box::new((d.clone(), event.clone())));
         let delivery = Delivery::new(unit.clone(), idx, self.shared.clone(), held, dead_letter);
-        slot.send(SinkItem { event, delivery });
+        slot.send(SinkItem {
+            event: Box::new(event),
+            delivery,
+        });
     }
 
     fn not_running(&self, unit: &Arc<Unit>, idx: usize) {
@@ -518,7 +523,7 @@ mod tests {
         assert!(q.shared.bytes.try_take(10) && budget.try_take(10));
         let delivery = Delivery::new(unit.clone(), 0, q.shared.clone(), (10, 10), None);
         slot.send(SinkItem {
-            event: Event::new("1", "/s", "t"),
+            event: Box::new(Event::new("1", "/s", "t")),
             delivery,
         });
         super::super::ack::RoutingGuard::new(unit).finish();
