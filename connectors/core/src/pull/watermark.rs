@@ -82,7 +82,14 @@ impl Watermark {
     }
 
     fn find(&self, pos: u64) -> Option<usize> {
-        self.entries.binary_search_by_key(&pos, |e| e.0).ok()
+        // Positions are mostly consecutive (a partition's offsets, a stream's sequence): then
+        // the entry is where its distance from the front says, and no search is needed.
+        let front = self.entries.front()?.0;
+        let guess = usize::try_from(pos.checked_sub(front)?).ok()?;
+        match self.entries.get(guess) {
+            Some(e) if e.0 == pos => Some(guess),
+            _ => self.entries.binary_search_by_key(&pos, |e| e.0).ok(),
+        }
     }
 
     /// Records `pos` as delivered. Returns false for an unknown position.
@@ -192,6 +199,29 @@ mod tests {
         assert_eq!(Watermark::backoff(1), Duration::from_millis(100));
         assert_eq!(Watermark::backoff(3), Duration::from_millis(400));
         assert_eq!(Watermark::backoff(40), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn positions_are_found_with_and_without_gaps() {
+        let mut w = Watermark::new(10);
+        for p in [5, 6, 7, 9, 12] {
+            w.push(p).unwrap();
+        }
+        // Before, between and after the tracked positions: unknown.
+        for unknown in [4, 8, 10, 11, 13, u64::MAX] {
+            assert!(!w.delivered(unknown), "{unknown} is not tracked");
+        }
+        // Where the distance from the front says (7), and past a gap (9, 12).
+        for p in [7, 12, 9, 5] {
+            assert!(w.delivered(p), "{p} is tracked");
+        }
+        assert_eq!(w.failed(6), Some(1));
+        let mut released = Vec::new();
+        assert_eq!(w.advance(|p| released.push(p)), Some(6));
+        assert_eq!(released, [5]);
+        assert!(w.delivered(6));
+        assert_eq!(w.advance(|p| released.push(p)), Some(13));
+        assert_eq!(released, [5, 6, 7, 9, 12]);
     }
 
     #[test]
