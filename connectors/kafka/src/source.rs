@@ -643,9 +643,9 @@ impl KafkaSource {
         // `String::from`, not `to_string`: an `Arc<str>` formats itself through `Display`.
         e.subject = Some(String::from(&*r.tp.0));
         e.time = time.map(Timestamp::from_utc);
-        // Sized once: an extension list grown from empty allocates for four.
-        e.extensions
-            .reserve_exact(usize::from(r.key.is_some()) + headers.len());
+        // Sized once: an extension list grown from empty allocates for four (and a reserve on
+        // an empty list goes through the general growth path).
+        e.extensions = Vec::with_capacity(usize::from(r.key.is_some()) + headers.len());
         if let Some(k) = r.key.as_deref().and_then(|k| std::str::from_utf8(k).ok()) {
             e.extensions
                 .push(("partitionkey".into(), ExtValue::String(k.to_owned())));
