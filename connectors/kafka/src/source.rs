@@ -156,8 +156,7 @@ impl KafkaSourceConfig {
             // reaches those bounds often; librdkafka then postpones that partition's next fetch
             // by this much (default 1000 ms, which capped the source at ~16 MiB/s, measured in
             // benches/consume.sh). Resume fetching soon after room appears.
-            .set("fetch.queue.backoff.ms", "10")
-            .set("statistics.interval.ms", "5000");
+            .set("fetch.queue.backoff.ms", "10");
         for (k, v) in &self.properties {
             c.set(k, v.text());
         }
@@ -308,20 +307,11 @@ struct GroupContext {
     telemetry: PullTelemetry,
 }
 
-impl ClientContext for GroupContext {
-    /// Lag (records behind the end, summed over assigned partitions) from librdkafka's
-    /// statistics (`statistics.interval.ms`, 5s unless set in `properties`).
-    fn stats(&self, statistics: rdkafka::Statistics) {
-        let lag: i64 = statistics
-            .topics
-            .values()
-            .flat_map(|t| t.partitions.values())
-            .filter(|p| p.partition >= 0 && p.consumer_lag >= 0)
-            .map(|p| p.consumer_lag)
-            .sum();
-        self.telemetry.lag.set(lag as f64);
-    }
-}
+/// The lag is not read from librdkafka's statistics: with `statistics.interval.ms` set,
+/// librdkafka records every consumed message's queue time in a histogram (about 1 % of a
+/// Kafka → null event's instructions) and writes a JSON document per interval, of which the
+/// lag is one number per partition. See [`KafkaSource::update_lag`].
+impl ClientContext for GroupContext {}
 
 impl ConsumerContext for GroupContext {
     fn rebalance(
@@ -976,6 +966,49 @@ impl KafkaSource {
         }
     }
 
+    /// `sluice_source_lag`, at every commit interval: records behind the end of the log,
+    /// summed over the assigned partitions. Per partition, the high watermark (librdkafka keeps it from every fetch
+    /// response, without a request) less the first offset not yet delivered in order (the
+    /// first one read while none is); a partition with neither yet is left out.
+    fn update_lag(&self) {
+        let from: Vec<(Tp, u64)> = {
+            let s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
+            s.parts
+                .iter()
+                .filter_map(|(tp, p)| {
+                    let at = p.wm.commit_point().or_else(|| p.wm.oldest())?;
+                    Some((tp.clone(), at))
+                })
+                .collect()
+        };
+        let lag: i64 = from
+            .iter()
+            .filter_map(|(tp, at)| Some((self.high_watermark(tp)? - *at as i64).max(0)))
+            .sum();
+        self.telemetry.lag.set(lag as f64);
+    }
+
+    /// The partition's end of the log as librdkafka last saw it in a fetch response (no request
+    /// is made); `None` before its first fetch. The rdkafka crate wraps only the variant that
+    /// asks the broker (`fetch_watermarks`, blocking).
+    fn high_watermark(&self, tp: &Tp) -> Option<i64> {
+        let topic = std::ffi::CString::new(&*tp.0).ok()?;
+        let (mut low, mut high) = (-1i64, -1i64);
+        // SAFETY: the client handle is alive while `self.consumer` holds it; `topic` is a
+        // NUL-terminated string that outlives the call, which only reads it and writes the two
+        // offsets through the pointers given.
+        let err = unsafe {
+            rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                self.consumer.client().native_ptr(),
+                topic.as_ptr(),
+                tp.1,
+                &mut low,
+                &mut high,
+            )
+        };
+        (err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
+    }
+
     /// What a record taken from librdkafka becomes: its parts, copied out of librdkafka's
     /// message (its event is made when it is offered).
     fn take(&self, m: &BorrowedMessage<'_>, topic: &mut Arc<str>) -> Record {
@@ -1079,7 +1112,10 @@ impl KafkaSource {
                         break;
                     }
                 }
-                _ = commits.tick() => self.commit(CommitMode::Async),
+                _ = commits.tick() => {
+                    self.commit(CommitMode::Async);
+                    self.update_lag();
+                }
                 _ = stop.cancelled(), if !stopping => {}
                 m = stream.next(), if pulling => match m.expect("kafka streams never end") {
                     Ok(m) => {

@@ -595,3 +595,49 @@ async fn a_backlog_over_partitions_arrives_once_in_each_partitions_order() {
     );
     wait_committed(&bs, "g-runs", "runs", &vec![per; P as usize]).await;
 }
+
+/// `sluice_source_lag` counts the records behind the end of the log that are not yet delivered
+/// in order: all of them while none is delivered, then fewer as the first ones are, none at the
+/// end (brought up to date at every commit interval, without librdkafka's statistics).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lag_counts_the_records_not_yet_delivered_in_order() {
+    let c = cluster();
+    let bs = c.bootstrap_servers();
+    c.create_topic("lag", 1, 1).unwrap();
+    produce(&bs, "lag", 1, 10, 0).await;
+    let mut rig = SourceRig::new("k-lag");
+    let _t = start(
+        "k-lag",
+        serde_json::json!({"brokers": bs, "topics": ["lag"], "group": "g-lag",
+            "commit_interval": "50ms"}),
+        &mut rig,
+    )
+    .await;
+    let mut cap = rig.capture();
+    let lag_is = |want: f64, what: &'static str| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = metric(sluice_core::telemetry::SOURCE_LAG, &[("source", "k-lag")]);
+            if got == want {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: lag {got}, expected {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let mut held = hold(&mut cap, 10, "an eleventh record").await;
+    lag_is(10.0, "nothing delivered").await;
+    // The last six first: the first four still hold the commit point.
+    for h in held.drain(4..) {
+        h.delivery.delivered();
+    }
+    lag_is(10.0, "the last six delivered, the first four not").await;
+    for h in held.drain(..) {
+        h.delivery.delivered();
+    }
+    lag_is(0.0, "every record delivered").await;
+    wait_committed(&bs, "g-lag", "lag", &[10]).await;
+}

@@ -57,6 +57,11 @@ impl Watermark {
         self.entries.len() >= self.bound
     }
 
+    /// The first position tracked (pending, failed or settled but not yet released).
+    pub fn oldest(&self) -> Option<u64> {
+        self.entries.front().map(|e| e.0)
+    }
+
     /// How many more positions `push` takes before it says [`Full`].
     pub fn room(&self) -> usize {
         self.bound.saturating_sub(self.entries.len())
