@@ -222,6 +222,28 @@ impl ExtValue {
     }
 }
 
+impl ExtValue {
+    /// The length of [`ExtValue::to_canonical`], without writing an integer out.
+    pub fn canonical_len(&self) -> usize {
+        match self {
+            ExtValue::String(s) => s.len(),
+            ExtValue::Integer(i) => {
+                usize::from(*i < 0)
+                    + i.unsigned_abs()
+                        .checked_ilog10()
+                        .map_or(1, |d| d as usize + 1)
+            }
+            ExtValue::Boolean(b) => {
+                if *b {
+                    4
+                } else {
+                    5
+                }
+            }
+        }
+    }
+}
+
 impl fmt::Display for ExtValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.to_canonical())
@@ -427,7 +449,7 @@ impl Event {
             + self
                 .extensions
                 .iter()
-                .map(|(n, v)| n.len() + v.to_canonical().len() + 32)
+                .map(|(n, v)| n.len() + v.canonical_len() + 32)
                 .sum::<usize>();
         std::mem::size_of::<Event>() + attrs + self.data.len()
     }
@@ -602,6 +624,21 @@ pub fn check_media_type(ct: &str) -> Result<(), EventError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn canonical_len_is_the_canonical_texts_length() {
+        let values = [
+            ExtValue::String(String::new()),
+            ExtValue::String("héllo".into()),
+            ExtValue::Boolean(true),
+            ExtValue::Boolean(false),
+        ]
+        .into_iter()
+        .chain([0, 1, 9, 10, 99, 100, -1, -9, -10, i32::MAX, i32::MIN].map(ExtValue::Integer));
+        for v in values {
+            assert_eq!(v.canonical_len(), v.to_canonical().len(), "{v:?}");
+        }
+    }
 
     fn minimal() -> Event {
         Event::new("1", "https://example.com/src", "com.example.test")
