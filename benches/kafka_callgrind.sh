@@ -42,7 +42,7 @@ target/release/examples/mock_cluster --brokers 1 --topic bench --partitions $PAR
 exec 3>"$work/hold"
 for _ in $(seq 1 100); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
 BS=$(head -1 "$work/bootstrap")
-target/release/examples/produce_loop --brokers "$BS" --topic bench --count "$COUNT" --partitions $PARTITIONS --window 10000 ${BLOCKS:+--blocks} >/dev/null
+target/release/examples/produce_loop --brokers "$BS" --topic bench --count "$COUNT" --partitions $PARTITIONS --window 10000 $([ "${BLOCKS:-0}" = 1 ] && echo --blocks) >/dev/null
 
 echo "| daemon | events | instructions per event |"
 echo "|---|---|---|"

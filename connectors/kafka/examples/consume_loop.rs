@@ -96,6 +96,10 @@ fn main() {
         }
         let (t0, cpu0) = started.unwrap();
         let secs = t0.elapsed().as_secs_f64();
+        if cpu0.is_some() && secs < 1.0 {
+            // CPU time is counted in ticks of 10 ms: over a shorter span it is off by percents.
+            eprintln!("consume_loop: read everything in {secs:.2} s; raise --count for a CPU figure within a percent");
+        }
         let cpu = cpu0.map(|(own, p)| {
             let peer = peer.as_deref().expect("a peer");
             (

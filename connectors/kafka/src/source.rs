@@ -312,7 +312,11 @@ struct GroupContext {
 /// librdkafka records every consumed message's queue time in a histogram (about 1 % of a
 /// Kafka → null event's instructions) and writes a JSON document per interval, of which the
 /// lag is one number per partition. See [`KafkaSource::update_lag`].
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    /// Statistics turned on in `properties` are not read (nor logged: rdkafka's default logs
+    /// the whole document at `info` every interval).
+    fn stats_raw(&self, _statistics: &[u8]) {}
+}
 
 impl ConsumerContext for GroupContext {
     fn rebalance(
@@ -980,9 +984,12 @@ impl KafkaSource {
     }
 
     /// `sluice_source_lag`, at every commit interval: records behind the end of the log,
-    /// summed over the assigned partitions. Per partition, the high watermark (librdkafka keeps it from every fetch
-    /// response, without a request) less the first offset not yet delivered in order (the
-    /// first one read while none is); a partition with neither yet is left out.
+    /// summed over the assigned partitions. Per partition, the high watermark (librdkafka keeps
+    /// it from every fetch response, without a request) less the first offset not yet
+    /// delivered in order (the first one read while none is); a partition with neither yet is
+    /// left out. The high watermark counts records of transactions still open, which a
+    /// `read_committed` consumer (the default) reads only once they commit, and it stands still
+    /// while a partition is paused (no fetches).
     fn update_lag(&self) {
         let from: Vec<(Tp, u64)> = {
             let s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
@@ -1007,6 +1014,8 @@ impl KafkaSource {
     fn high_watermark(&self, tp: &Tp) -> Option<i64> {
         let topic = std::ffi::CString::new(&*tp.0).ok()?;
         let (mut low, mut high) = (-1i64, -1i64);
+        // librdkafka looks the partition up under its client-wide lock (marking it wanted, as the
+        // assignment has it already): once per assigned partition per commit interval.
         // SAFETY: the client handle is alive while `self.consumer` holds it; `topic` is a
         // NUL-terminated string that outlives the call, which only reads it and writes the two
         // offsets through the pointers given.

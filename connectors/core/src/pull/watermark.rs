@@ -90,9 +90,9 @@ impl Watermark {
         // Positions are mostly consecutive (a partition's offsets, a stream's sequence): then
         // the entry is where its distance from the front says, and no search is needed.
         let front = self.entries.front()?.0;
-        let guess = usize::try_from(pos.checked_sub(front)?).ok()?;
-        match self.entries.get(guess) {
-            Some(e) if e.0 == pos => Some(guess),
+        let guess = usize::try_from(pos.checked_sub(front)?).ok();
+        match guess.and_then(|g| Some((g, self.entries.get(g)?))) {
+            Some((g, e)) if e.0 == pos => Some(g),
             _ => self.entries.binary_search_by_key(&pos, |e| e.0).ok(),
         }
     }
