@@ -220,9 +220,7 @@ impl ExtValue {
             ExtValue::Boolean(b) => std::borrow::Cow::Borrowed(if *b { "true" } else { "false" }),
         }
     }
-}
 
-impl ExtValue {
     /// The length of [`ExtValue::to_canonical`], without writing an integer out.
     pub fn canonical_len(&self) -> usize {
         match self {

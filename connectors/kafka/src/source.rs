@@ -582,10 +582,6 @@ fn same_name(m: &BorrowedMessage<'_>, name: &str) -> bool {
     held.to_bytes() == name.as_bytes()
 }
 
-/// A record taken from librdkafka, not yet tracked. Held as parked while its partition's
-/// watermark (or the window) is full, its partition paused.
-type Taken = Record;
-
 struct KafkaSource {
     name: String,
     consumer: Closing,
@@ -744,7 +740,7 @@ impl KafkaSource {
         run: Run,
         window: &mut InFlight<Handle, Attempt>,
         in_flight: &mut usize,
-    ) -> (Vec<Taken>, u64) {
+    ) -> (Vec<Record>, u64) {
         let Run {
             tp,
             records,
@@ -789,31 +785,27 @@ impl KafkaSource {
         // delivered in its partition's order, so the commit passes it in its turn.
         let mut sent = Vec::with_capacity(kept.len());
         let mut invalid = Vec::new();
-        for (i, record) in kept.iter().enumerate() {
-            match self.to_event(record) {
-                Ok(event) => sent.push(event),
-                Err(e) => {
-                    tracing::warn!(source = %self.name, topic = %record.tp.0, partition = record.tp.1, offset = record.offset, error = %e, "kafka: not a valid CloudEvent; skipped (committed past)");
-                    ctx.sender.telemetry().rejected("invalid_event", 1);
-                    invalid.push(i);
-                }
+        kept.retain(|record| match self.to_event(record) {
+            Ok(event) => {
+                sent.push(event);
+                true
             }
-        }
+            Err(e) => {
+                tracing::warn!(source = %self.name, topic = %record.tp.0, partition = record.tp.1, offset = record.offset, error = %e, "kafka: not a valid CloudEvent; skipped (committed past)");
+                ctx.sender.telemetry().rejected("invalid_event", 1);
+                invalid.push(record.offset as u64);
+                false
+            }
+        });
         if !invalid.is_empty() {
             let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
             // Revoked meanwhile: the new owner reads them again (and skips them in its turn).
             if let Some(part) = s.parts.get_mut(&tp).filter(|p| p.generation == generation) {
-                for &i in &invalid {
-                    part.wm.delivered(kept[i].offset as u64);
+                for &pos in &invalid {
+                    part.wm.delivered(pos);
                 }
                 part.wm.advance(|_| ());
             }
-            drop(s);
-            let mut i = 0;
-            kept.retain(|_| {
-                i += 1;
-                invalid.binary_search(&(i - 1)).is_err()
-            });
         }
         if !kept.is_empty() {
             *in_flight += kept.len();
@@ -1057,10 +1049,10 @@ impl KafkaSource {
         // Records taken from librdkafka that found no room yet, per partition, in order;
         // bounded by the window (no more are taken while it is full).
         // Each with the generation of the assignment it was read under.
-        let mut parked: HashMap<Tp, VecDeque<(Taken, u64)>> = HashMap::new();
+        let mut parked: HashMap<Tp, VecDeque<(Record, u64)>> = HashMap::new();
         let mut parked_total = 0usize;
         // The records one wake-up takes, before they are split into runs (kept across batches).
-        let mut taken_now: Vec<Taken> = Vec::with_capacity(BATCH);
+        let mut taken_now: Vec<Record> = Vec::with_capacity(BATCH);
         let mut topic: Arc<str> = Arc::from("");
         let mut commits = tokio::time::interval(self.commit_interval);
         commits.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1084,7 +1076,7 @@ impl KafkaSource {
                     let q = parked.get_mut(&tp).expect("a parked partition");
                     // Records of one assignment at a time.
                     let g = q.front().expect("a parked record").1;
-                    let same = |q: &VecDeque<(Taken, u64)>, at_most: usize| {
+                    let same = |q: &VecDeque<(Record, u64)>, at_most: usize| {
                         q.iter().take(at_most).take_while(|t| t.1 == g).count()
                     };
                     let take = match self.assignment_of(&tp) {
