@@ -60,10 +60,13 @@ YAML
 # a Kafka source reading topic `bench` from brokers $1 with consumer group $2 (window 10 000),
 # and the null sink `out` (its delivered count: sluice_events_delivered_total{sink="out"}).
 kafka_null_config() {
+  # KAFKA_PROPS, e.g. '"fetch.max.bytes": "1048576"': librdkafka properties for the source.
+  local props=""
+  [ -z "${KAFKA_PROPS:-}" ] || props=", properties: { $KAFKA_PROPS }"
   cat > "$work/sluice.yaml" <<YAML
 admin: { listen: 127.0.0.1:$ADMIN }
 sources:
-  orders: { kind: kafka, brokers: "$1", topics: [bench], group: "$2", max_in_flight: 10000 }
+  orders: { kind: kafka, brokers: "$1", topics: [bench], group: "$2", max_in_flight: 10000$props }
 sinks:
   out: { kind: "null" }
 routes:
@@ -271,9 +274,16 @@ def value():
         if line.startswith(series + " "):
             return float(line.split()[1])
     return 0.0
+def gone(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except OSError:
+        return True
 deadline = time.time() + 600
 first = None
 while time.time() < deadline:
+    if gone(sp):
+        sys.exit(f"sluice exited before its sink counted {count} events (see sluice.err)")
     v = value()
     now = time.time()
     if v and first is None:
@@ -291,6 +301,7 @@ else:
 PY
 )
   kill -TERM $sp; wait $sp 2>/dev/null || true
+  [ -n "$out" ] || { echo "run_sluice: no figure; the end of sluice.err:" >&2; tail -5 "$work/sluice.err" >&2; }
   echo "$out"
 }
 
