@@ -1,6 +1,6 @@
 //! The ceiling for Kafka → Sluice: a raw rdkafka consumer-group loop with the source's
 //! discipline — offsets stored after each record is handled and committed asynchronously every
-//! second, no auto-commit, cooperative-sticky assignment, the same prefetch bounds. Reads
+//! second, no auto-commit, cooperative-sticky assignment, the same prefetch bounds and fetch size. Reads
 //! `--count` records, prints records per second from the first record to the last.
 //!
 //! With `--peer-pid PID` (the broker's process) it prints, after the rate, its own CPU and the
@@ -45,6 +45,8 @@ fn main() {
     let group = arg("--group").expect("--group");
     let count: u64 = arg("--count").map_or(100_000, |s| s.parse().unwrap());
     let peer = arg("--peer-pid");
+    // As the source sets it by default: a quarter of the prefetch bound below.
+    let fetch_max = arg("--fetch-max-bytes").unwrap_or_else(|| (4 << 20).to_string());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -62,6 +64,7 @@ fn main() {
             // As the source sets it: with the default (1000 ms) a partition whose queue met
             // the bounds above waits a second for its next fetch, and this loop idles.
             .set("fetch.queue.backoff.ms", "10")
+            .set("fetch.max.bytes", &fetch_max)
             .create()
             .unwrap();
         consumer.subscribe(&[&topic]).unwrap();
