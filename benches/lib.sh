@@ -299,7 +299,7 @@ while time.time() < deadline:
 else:
     print("0 0 0")
 PY
-)
+) || true
   kill -TERM $sp; wait $sp 2>/dev/null || true
   [ -n "$out" ] || { echo "run_sluice: no figure; the end of sluice.err:" >&2; tail -5 "$work/sluice.err" >&2; }
   echo "$out"

@@ -160,8 +160,10 @@ impl KafkaSourceConfig {
             // reaches those bounds often; librdkafka then postpones that partition's next fetch
             // by this much (default 1000 ms, which capped the source at ~16 MiB/s, measured in
             // benches/consume.sh). Resume fetching soon after room appears.
-            .set("fetch.queue.backoff.ms", "10")
-            .set("fetch.max.bytes", self.fetch_max_bytes().to_string());
+            .set("fetch.queue.backoff.ms", "10");
+        if let Some(bytes) = self.fetch_max_bytes() {
+            c.set("fetch.max.bytes", bytes.to_string());
+        }
         for (k, v) in &self.properties {
             c.set(k, v.text());
         }
@@ -169,20 +171,24 @@ impl KafkaSourceConfig {
     }
 
     /// `fetch.max.bytes` unless set in `properties`: a quarter of the prefetch bound
-    /// (`queued.max.messages.kbytes`), and no less than `message.max.bytes`, as librdkafka
-    /// requires. librdkafka's own default is the whole bound: one response then fills the
-    /// queue, the next fetch goes out only once the source has drained it, and the source
-    /// idles while that fetch is answered (measured in benches/consume.sh: the source at 85–89 %
-    /// of its core with 16 MiB fetches, 91–93 % with 4 MiB ones).
-    fn fetch_max_bytes(&self) -> i64 {
-        let prop = |k: &str, default: i64| {
-            self.properties
-                .get(k)
-                .and_then(|v| v.text().parse::<i64>().ok())
-                .unwrap_or(default)
+    /// (`queued.max.messages.kbytes`), no more than librdkafka's own 50 MiB and no less than
+    /// `message.max.bytes`, as librdkafka requires. librdkafka's default is the whole bound (up
+    /// to 50 MiB): one response then fills the queue, the next fetch goes out only once the
+    /// source has taken the queue below its bounds, and the source idles while that fetch is
+    /// answered (measured in benches/consume.sh: the source at 85–89 % of its core with 16 MiB
+    /// fetches, 87–93 % with 4 MiB ones). `None` (librdkafka decides) when either property is
+    /// given in a form this does not read as librdkafka would (it also takes hex, say).
+    fn fetch_max_bytes(&self) -> Option<i64> {
+        let prop = |k: &str, default: i64| match self.properties.get(k) {
+            None => Some(default),
+            Some(v) => v.text().trim().parse::<i64>().ok(),
         };
-        let queued = prop("queued.max.messages.kbytes", QUEUED_KBYTES).saturating_mul(1024);
-        (queued / 4).max(prop("message.max.bytes", 1_000_000))
+        let queued = prop("queued.max.messages.kbytes", QUEUED_KBYTES)?.saturating_mul(1024);
+        Some(
+            (queued / 4)
+                .min(50 << 20)
+                .max(prop("message.max.bytes", 1_000_000)?),
+        )
     }
 
     fn subscription(&self) -> Vec<String> {
@@ -1303,6 +1309,17 @@ mod tests {
             ),
             "2000000"
         );
+        // Never above librdkafka's own 50 MiB, which would raise `receive.message.max.bytes`
+        // past its bound, or refuse the one a user set.
+        assert_eq!(
+            fetch(
+                serde_json::json!({"queued.max.messages.kbytes": 262144, "receive.message.max.bytes": 60000000})
+            ),
+            (50 << 20).to_string()
+        );
+        // A value read otherwise than librdkafka reads it: librdkafka decides.
+        let c = config(serde_json::json!({"message.max.bytes": "0x7A1200"}));
+        assert_eq!(c.client_config().get("fetch.max.bytes"), None);
         // A user's own value wins.
         assert_eq!(
             fetch(serde_json::json!({"fetch.max.bytes": 52428800})),
