@@ -1,7 +1,7 @@
 //! The ceiling for Kafka → Sluice: a raw rdkafka consumer-group loop with the source's
 //! discipline — offsets stored after each record is handled and committed asynchronously every
-//! second, no auto-commit, cooperative-sticky assignment, the same prefetch bounds and fetch size. Reads
-//! `--count` records, prints records per second from the first record to the last.
+//! second, no auto-commit, cooperative-sticky assignment, the same prefetch bounds and fetch
+//! size. Reads `--count` records, prints records per second from the first record to the last.
 //!
 //! With `--peer-pid PID` (the broker's process) it prints, after the rate, its own CPU and the
 //! peer's over that same span, in per cent of one core: the process's CPU over its whole life
@@ -11,6 +11,10 @@
 //! cargo run --release -p sluice-kafka --example consume_loop -- --brokers HOST:PORT --topic bench --group g1 --count 200000
 
 use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 /// CPU seconds (user + system, all threads) of a process so far, from `/proc/<pid>/stat`.
 fn cpu_secs(pid: &str) -> f64 {
@@ -27,10 +31,6 @@ fn cpu_secs(pid: &str) -> f64 {
     // SAFETY: sysconf reads a constant of the system.
     ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
-
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
