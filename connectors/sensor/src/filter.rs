@@ -437,7 +437,7 @@ fn context_matches(c: &ContextFilterConfig, e: &Event) -> bool {
 /// gjson lookups into one event's data, each path once.
 #[derive(Default)]
 pub(crate) struct Lookups<'a> {
-    done: std::cell::RefCell<Vec<(&'a str, gjson::Value<'a>)>>,
+    done: std::cell::RefCell<smallvec::SmallVec<[(&'a str, gjson::Value<'a>); 4]>>,
 }
 
 impl<'a> Lookups<'a> {

@@ -7,6 +7,8 @@ use std::str::FromStr as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use chrono::Utc;
 use croner::Cron;
 use futures_util::future::join_all;
@@ -347,16 +349,11 @@ impl Sensor {
 
     /// The dependencies `e` (from stage `origin`) satisfies, each with the event as its
     /// transform made it (`None`: unchanged).
-    fn matches(
-        &self,
-        root: &cel::Context<'_, '_>,
-        origin: &str,
-        e: &Event,
-    ) -> Vec<(usize, Option<Event>)> {
+    fn matches(&self, root: &cel::Context<'_, '_>, origin: &str, e: &Event) -> Matched<Event> {
         let Some((cands, plan)) = self.by_origin.get(origin) else {
-            return Vec::new();
+            return Matched::new();
         };
-        let mut out = Vec::new();
+        let mut out = Matched::new();
         // The data checked as JSON once for every dependency that reads it unchanged.
         let mut json_text: Option<Result<Option<Doc<'_>>, String>> = None;
         for &d in cands {
@@ -923,7 +920,7 @@ struct Firing {
     trigger: usize,
     /// Shared with the state's saved copies and the other firings of the same input: the
     /// output is made from them, so holding them costs no copy of the event.
-    events: Vec<(usize, Arc<Event>)>,
+    events: SmallVec<[(usize, Arc<Event>); 2]>,
     taken: Option<(String, Slot)>,
 }
 
@@ -944,7 +941,7 @@ impl Sensor {
                 .and_then(|(_, t)| t.as_ref())
                 .unwrap_or(e)
         };
-        let mut tis: Vec<usize> = matched
+        let mut tis: SmallVec<[usize; 4]> = matched
             .iter()
             .flat_map(|(d, _)| self.dep_triggers[*d].iter().copied())
             .collect();
@@ -955,7 +952,7 @@ impl Sensor {
         let mut w = Writes::default();
         for ti in tis {
             let tr = &self.triggers[ti];
-            let mine: Vec<usize> = tr
+            let mine: SmallVec<[usize; 4]> = tr
                 .deps
                 .iter()
                 .copied()
@@ -1070,7 +1067,11 @@ impl Sensor {
 }
 
 /// The matched dependencies with their transformed events shared.
-fn shared(matched: Vec<(usize, Option<Event>)>) -> Vec<(usize, Option<Arc<Event>>)> {
+/// The dependencies an event satisfies, each with the event its transform made (`None`: the
+/// event unchanged); inline for the usual one or two, so that no event allocates a list.
+type Matched<E> = SmallVec<[(usize, Option<E>); 2]>;
+
+fn shared(matched: Matched<Event>) -> Matched<Arc<Event>> {
     matched
         .into_iter()
         .map(|(d, t)| (d, t.map(Arc::new)))
