@@ -321,16 +321,15 @@ impl Data {
 /// Checks that `bytes` hold exactly one JSON document (UTF-8, RFC 8259), without building a
 /// tree.
 ///
-/// The UTF-8 check is separate: serde_json's pass over a value it does not build
-/// (`IgnoredAny`) steps over a string's bytes without checking their encoding, so
-/// `{"a":"\xff"}` passed it alone.
+/// The UTF-8 check is separate: the grammar's scan ([`crate::json`]) steps over a string's
+/// bytes without checking their encoding, so `{"a":"\xff"}` passes it alone.
 pub fn is_json(bytes: &[u8]) -> bool {
     simdutf8::basic::from_utf8(bytes).is_ok_and(is_json_text)
 }
 
 /// [`is_json`] for text already known to be UTF-8.
 pub fn is_json_text(text: &str) -> bool {
-    !text.is_empty() && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+    crate::json::is_document(text.as_bytes())
 }
 
 /// The content type of a payload that came without one (an MQTT 3.1.1 or Redis Pub/Sub message,

@@ -7,6 +7,7 @@ pub mod contract;
 pub mod event;
 pub mod format;
 pub mod http_binding;
+pub mod json;
 pub mod kafka_binding;
 pub mod pipeline;
 pub mod pull;

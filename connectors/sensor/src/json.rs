@@ -3,13 +3,12 @@
 //! value instead of walking the document from its start (a path behind a long string, such as
 //! `items.0.sku` after a KiB of `description`, was skipped over once per lookup).
 //!
-//! The check is RFC 8259's grammar, read by the scanner below without building values. It
-//! accepts what serde_json's `IgnoredAny` accepts (a test compares the two on some 60 000
-//! random edits of a corpus). It is iterative: data nested to any depth is checked without
-//! recursion (gjson's `valid`, used before, recursed per level and overflowed a worker's stack
-//! at about 100 000 levels, a 200 KB body); only the planned paths, whose depth the
-//! configuration sets, are followed by recursion.
+//! The check is [`sluice_core::json`]'s scan of RFC 8259's grammar, which builds no values and
+//! is iterative at any depth (gjson's `valid`, used before, recursed per level and overflowed a
+//! worker's stack at about 100 000 levels, a 200 KB body); only the planned paths, whose depth
+//! the configuration sets, are followed here by recursion.
 
+use sluice_core::json::{key, skip_rest, skip_value, ws};
 use smallvec::SmallVec;
 
 /// Data known to be one JSON document.
@@ -302,255 +301,6 @@ impl Plan {
     }
 }
 
-// The scanner. Positions are byte offsets into the document; each function takes the offset
-// of the first byte to read and answers the offset after what it read, `None` when the text
-// there is not what the grammar allows. Keys and values are sliced from the `&str` at offsets
-// of ASCII bytes (quotes, brackets, the first byte of a value), so the slices are UTF-8.
-
-/// The offset of the first byte at or after `i` that is not JSON whitespace.
-#[inline(always)]
-fn ws(b: &[u8], mut i: usize) -> usize {
-    while let Some(&c) = b.get(i) {
-        if !matches!(c, b' ' | b'\n' | b'\r' | b'\t') {
-            break;
-        }
-        i += 1;
-    }
-    i
-}
-
-const ONES: u64 = 0x0101_0101_0101_0101;
-const HIGHS: u64 = 0x8080_8080_8080_8080;
-
-/// The high bit of each byte of `w` that ends a string's run of plain characters (a control
-/// character, `"` or `\`). Bytes above the lowest such byte may be marked falsely (a borrow
-/// carries upwards), the lowest is always right: that is the one the caller reads.
-#[inline(always)]
-fn specials(w: u64) -> u64 {
-    let quote = w ^ (ONES * u64::from(b'"'));
-    let backslash = w ^ (ONES * u64::from(b'\\'));
-    ((w.wrapping_sub(ONES * 0x20) & !w)
-        | (quote.wrapping_sub(ONES) & !quote)
-        | (backslash.wrapping_sub(ONES) & !backslash))
-        & HIGHS
-}
-
-/// A string's rest, from the byte after its opening quote: the offset after its closing quote,
-/// and whether it holds an escape.
-#[inline(always)]
-fn skip_str(b: &[u8], mut i: usize) -> Option<(usize, bool)> {
-    let mut escaped = false;
-    loop {
-        // The next special byte: in the next eight bytes (where short strings end), else
-        // the next quote or backslash by memchr's vector search with no control character
-        // before it; byte by byte in the last few bytes of the text.
-        let c = if let Some(chunk) = b.get(i..i + 8) {
-            let m = specials(u64::from_le_bytes(chunk.try_into().ok()?));
-            if m != 0 {
-                i += (m.trailing_zeros() / 8) as usize;
-            } else {
-                let rest = &b[i + 8..];
-                let n = memchr::memchr2(b'"', b'\\', rest)?;
-                // Without an early exit, so that the compiler reads it a vector at a time.
-                if rest[..n].iter().fold(0u8, |a, &c| a | u8::from(c < 0x20)) != 0 {
-                    return None;
-                }
-                i += 8 + n;
-            }
-            b[i]
-        } else {
-            loop {
-                let c = *b.get(i)?;
-                if c == b'"' || c == b'\\' || c < 0x20 {
-                    break c;
-                }
-                i += 1;
-            }
-        };
-        match c {
-            b'"' => return Some((i + 1, escaped)),
-            b'\\' => {
-                escaped = true;
-                i = match *b.get(i + 1)? {
-                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => i + 2,
-                    // Any four hex digits: a lone surrogate is accepted, as serde_json does for
-                    // a value it skips and Go's `encoding/json` does (it reads one as U+FFFD).
-                    b'u' if b.get(i + 2..i + 6)?.iter().all(u8::is_ascii_hexdigit) => i + 6,
-                    _ => return None,
-                };
-            }
-            // A control character.
-            _ => return None,
-        }
-    }
-}
-
-/// Digits from `i`, at least one.
-#[inline(always)]
-fn digits(b: &[u8], i: usize) -> Option<usize> {
-    let n = b
-        .get(i..)?
-        .iter()
-        .take_while(|c| c.is_ascii_digit())
-        .count();
-    (n > 0).then_some(i + n)
-}
-
-/// A number: `-`? (`0` | a digit 1–9 and digits) (`.` digits)? (`e`|`E` (`+`|`-`)? digits)?
-#[inline(always)]
-fn skip_num(b: &[u8], mut i: usize) -> Option<usize> {
-    if b.get(i) == Some(&b'-') {
-        i += 1;
-    }
-    i = match *b.get(i)? {
-        b'0' => i + 1,
-        b'1'..=b'9' => digits(b, i)?,
-        _ => return None,
-    };
-    if b.get(i) == Some(&b'.') {
-        i = digits(b, i + 1)?;
-    }
-    if matches!(b.get(i), Some(b'e' | b'E')) {
-        i += 1;
-        if matches!(b.get(i), Some(b'+' | b'-')) {
-            i += 1;
-        }
-        i = digits(b, i)?;
-    }
-    Some(i)
-}
-
-/// An object member's key and colon, from the key's opening quote: the key's text without its
-/// quotes (`None` when written with escapes) and the offset of the value.
-#[inline(always)]
-fn key(b: &[u8], i: usize) -> Option<(Option<std::ops::Range<usize>>, usize)> {
-    if b.get(i) != Some(&b'"') {
-        return None;
-    }
-    let (end, escaped) = skip_str(b, i + 1)?;
-    let colon = ws(b, end);
-    if b.get(colon) != Some(&b':') {
-        return None;
-    }
-    Some(((!escaped).then_some(i + 1..end - 1), ws(b, colon + 1)))
-}
-
-/// The kinds of the arrays and objects the scanner is inside, innermost last: one bit each (set
-/// for an object), in a word while they are few.
-struct Open {
-    word: u64,
-    depth: usize,
-    /// The kinds of the levels below the last 64 (only deep data gets here).
-    spilled: Vec<u64>,
-}
-
-impl Open {
-    #[inline]
-    fn push(&mut self, object: bool) {
-        if self.depth > 0 && self.depth.is_multiple_of(64) {
-            self.spilled.push(self.word);
-            self.word = 0;
-        }
-        let bit = 1u64 << (self.depth % 64);
-        self.word = if object {
-            self.word | bit
-        } else {
-            self.word & !bit
-        };
-        self.depth += 1;
-    }
-
-    /// Leaves the innermost level; whether levels are left open.
-    #[inline]
-    fn pop(&mut self) -> bool {
-        self.depth -= 1;
-        if self.depth > 0 && self.depth.is_multiple_of(64) {
-            self.word = self.spilled.pop().expect("pushed when it filled");
-        }
-        self.depth > 0
-    }
-
-    /// Whether the innermost level is an object.
-    #[inline]
-    fn object(&self) -> bool {
-        self.word & (1u64 << ((self.depth - 1) % 64)) != 0
-    }
-}
-
-impl Open {
-    /// Inside no array or object; or inside one, an object when `object`.
-    #[inline(always)]
-    fn new(inside: Option<bool>) -> Open {
-        Open {
-            word: u64::from(inside == Some(true)),
-            depth: usize::from(inside.is_some()),
-            spilled: Vec::new(),
-        }
-    }
-}
-
-/// One value, from its first byte: the offset after it. Iterative, at any depth.
-#[inline]
-fn skip_value(b: &[u8], i: usize) -> Option<usize> {
-    skip_within(b, i, Open::new(None))
-}
-
-/// The value at `i` (its first byte), then the rest of the arrays and objects `open` says it
-/// is inside: the offset after the last of them closes (after the value, when none is open).
-fn skip_within(b: &[u8], mut i: usize, mut open: Open) -> Option<usize> {
-    loop {
-        // A value at `i`.
-        match *b.get(i)? {
-            b'"' => i = skip_str(b, i + 1)?.0,
-            b'{' => {
-                i = ws(b, i + 1);
-                if b.get(i) == Some(&b'}') {
-                    i += 1;
-                } else {
-                    open.push(true);
-                    i = key(b, i)?.1;
-                    continue;
-                }
-            }
-            b'[' => {
-                i = ws(b, i + 1);
-                if b.get(i) == Some(&b']') {
-                    i += 1;
-                } else {
-                    open.push(false);
-                    continue;
-                }
-            }
-            b't' if b.get(i..i + 4) == Some(b"true") => i += 4,
-            b'f' if b.get(i..i + 5) == Some(b"false") => i += 5,
-            b'n' if b.get(i..i + 4) == Some(b"null") => i += 4,
-            b'-' | b'0'..=b'9' => i = skip_num(b, i)?,
-            _ => return None,
-        }
-        // After a value: the next one in its array or object, or the ends of those it closes.
-        loop {
-            if open.depth == 0 {
-                return Some(i);
-            }
-            i = ws(b, i);
-            match *b.get(i)? {
-                b',' => {
-                    i = ws(b, i + 1);
-                    if open.object() {
-                        i = key(b, i)?.1;
-                    }
-                    break;
-                }
-                b'}' if open.object() => {}
-                b']' if !open.object() => {}
-                _ => return None,
-            }
-            i += 1;
-            open.pop();
-        }
-    }
-}
-
 /// The members of the object at `i` (its `{`), checked: the offset after it, and each member's
 /// key and raw value in document order (`None` when a key is written with escapes).
 #[allow(clippy::type_complexity)]
@@ -622,7 +372,7 @@ fn visit<'a>(
                     }
                     // Every planned member met: the rest of the object only needs checking.
                     _ if met.iter().all(|&m| m) => {
-                        return skip_within(b, at, Open::new(Some(true)));
+                        return skip_rest(b, at, true);
                     }
                     _ => skip_value(b, at)?,
                 };
@@ -644,7 +394,7 @@ fn visit<'a>(
             loop {
                 if last.is_none_or(|last| index > last) {
                     // Past the last planned element: the rest only needs checking.
-                    return skip_within(b, i, Open::new(Some(false)));
+                    return skip_rest(b, i, false);
                 }
                 let child = node.children.iter().find(|(_, n)| n.index == Some(index));
                 let end = match child {
@@ -936,67 +686,27 @@ mod tests {
 
     #[test]
     fn the_check_accepts_what_serde_json_accepts_after_any_edit() {
-        // Documents that reach every branch of the grammar, each edited at random many times
-        // (a byte deleted, inserted, replaced or a span repeated, with the grammar's own bytes
-        // favoured): the check, with and without a plan, must answer as serde_json does.
+        // The walk along planned paths and the members' pass read objects and arrays
+        // themselves: with and without a plan, the check must answer as serde_json does.
         let mut corpus: Vec<String> = DOCS.iter().map(|d| d.to_string()).collect();
-        corpus.extend(
-            [
-                r#"{"é":"ünïcødé ✓","n":[-0,0.5,1e5,1E-5,-12.25e+3,0e0],"u":"\u00e9\ud83d\ude00\uD800","e":"\"\\\/\b\f\n\r\t"}"#,
-                "\t\r\n [ true , false , null , { } , [ ] , \"\" ] \n",
-                r#"{"long":"0123456789abcdef0123456789abcdef\n0123456789","items":[{"sku":"A-1234","qty":3},{"sku":"A-1234","qty":3}]}"#,
-                r#"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["x"]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"#,
-                r#"{"a":[{"b":[{"c":[{"d":[{"e":[1,2,{"f":{}}]}]}]}]}],"z":-0.0}"#,
-            ]
-            .map(String::from),
-        );
+        corpus.extend(sluice_core::json::corpus());
         let plan = Plan::new(["items.0.sku", "items.0.qty", "a.0.b", "n", "o.a.b", "long"]);
-        let grammar = b"{}[]\",:.-+eE0123456789 \t\nutrfalsn\\/x\x01\x7f";
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = |n: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n as u64) as usize
-        };
-        let (mut tried, mut json) = (0, 0);
         for doc in &corpus {
             assert_eq!(Doc::check(doc).is_some(), serde_json_reads(doc), "{doc}");
-            for _ in 0..3000 {
-                let mut b = doc.clone().into_bytes();
-                for _ in 0..1 + next(3) {
-                    let at = next(b.len() + 1);
-                    match next(4) {
-                        0 if at < b.len() => {
-                            b.remove(at);
-                        }
-                        1 => b.insert(at, grammar[next(grammar.len())]),
-                        2 if at < b.len() => b[at] = grammar[next(grammar.len())],
-                        _ => {
-                            let end = (at + next(8)).min(b.len());
-                            let span = b[at..end].to_vec();
-                            b.splice(at..at, span);
-                        }
-                    }
-                }
-                let Ok(text) = String::from_utf8(b) else {
-                    continue;
-                };
-                let want = serde_json_reads(&text);
-                assert_eq!(Doc::check(&text).is_some(), want, "{text:?}");
-                assert_eq!(
-                    Doc::check_with(&text, &plan).is_some(),
-                    want,
-                    "{text:?} planned"
-                );
-                tried += 1;
-                json += usize::from(want);
-            }
         }
-        // Both answers came up often enough for the comparison to mean something.
+        let texts = sluice_core::json::edits(&corpus, 3000);
+        let mut json = 0;
+        for text in &texts {
+            let want = serde_json_reads(text);
+            assert_eq!(Doc::check(text).is_some(), want, "{text:?}");
+            let planned = Doc::check_with(text, &plan).is_some();
+            assert_eq!(planned, want, "{text:?} planned");
+            json += usize::from(want);
+        }
+        let n = texts.len();
         assert!(
-            json > tried / 20 && json < tried * 19 / 20,
-            "{json} of {tried} were JSON"
+            json > n / 20 && json < n * 19 / 20,
+            "{json} of {n} were JSON"
         );
     }
 
