@@ -328,9 +328,10 @@ fn members(text: &str, mut i: usize) -> Option<(usize, Option<Vec<(&str, &str)>>
 }
 
 /// The value at `i` (its first byte), checked, with the values `node`'s planned paths name
-/// located into `located`: the offset after it. `exact` is cleared when a key on a planned path
-/// is written with escapes (gjson reads such a key by its unescaped text, which this pass does
-/// not compare, so the located values are not used). Recurses once per step of a planned path,
+/// located into `located`: the offset after it. `exact` is cleared when a key is written with
+/// escapes in an object on a planned path before every planned member of that object was met
+/// (gjson reads such a key by its unescaped text, which this pass does not compare, so the
+/// located values are not used). Recurses once per step of a planned path,
 /// which the configuration bounds; everything else is skipped by [`skip_value`].
 fn visit<'a>(
     node: &Node,
@@ -690,7 +691,17 @@ mod tests {
         // themselves: with and without a plan, the check must answer as serde_json does.
         let mut corpus: Vec<String> = DOCS.iter().map(|d| d.to_string()).collect();
         corpus.extend(sluice_core::json::corpus());
-        let plan = Plan::new(["items.0.sku", "items.0.qty", "a.0.b", "n", "o.a.b", "long"]);
+        // The second plan ends the walk of the root at its first planned member.
+        let paths = [
+            "items.0.sku",
+            "items.0.qty",
+            "a.0.b",
+            "n",
+            "o.a.b",
+            "long",
+            "pad",
+        ];
+        let plans = [Plan::new(paths[..6].iter().copied()), Plan::new(["pad"])];
         for doc in &corpus {
             assert_eq!(Doc::check(doc).is_some(), serde_json_reads(doc), "{doc}");
         }
@@ -698,9 +709,19 @@ mod tests {
         let mut json = 0;
         for text in &texts {
             let want = serde_json_reads(text);
-            assert_eq!(Doc::check(text).is_some(), want, "{text:?}");
-            let planned = Doc::check_with(text, &plan).is_some();
-            assert_eq!(planned, want, "{text:?} planned");
+            let plain = Doc::check(text);
+            assert_eq!(plain.is_some(), want, "{text:?}");
+            for plan in &plans {
+                let planned = Doc::check_with(text, plan);
+                assert_eq!(planned.is_some(), want, "{text:?} planned");
+                // What is located answers as gjson from the start (repeated spans make
+                // duplicate keys: the first of a name is gjson's).
+                for d in plain.iter().chain(planned.iter()) {
+                    for path in paths {
+                        assert_as_gjson(d, text, path, &format!("{text:?} at {path}"));
+                    }
+                }
+            }
             json += usize::from(want);
         }
         let n = texts.len();

@@ -1066,11 +1066,11 @@ impl Sensor {
     }
 }
 
-/// The matched dependencies with their transformed events shared.
 /// The dependencies an event satisfies, each with the event its transform made (`None`: the
 /// event unchanged); inline for the usual one or two, so that no event allocates a list.
 type Matched<E> = SmallVec<[(usize, Option<E>); 2]>;
 
+/// The matched dependencies with their transformed events shared.
 fn shared(matched: Matched<Event>) -> Matched<Arc<Event>> {
     matched
         .into_iter()
