@@ -337,14 +337,71 @@ pub fn corpus() -> Vec<String> {
     .collect()
 }
 
+/// Texts that are not one JSON document, each for a different rule, for tests of readers.
+#[cfg(any(test, feature = "testkit"))]
+pub const NOT_JSON: &[&str] = &[
+    "",
+    " ",
+    "{",
+    r#"{"a":1"#,
+    r#"{"a":1}}"#,
+    r#"{"a":1} {"b":2}"#,
+    r#"{"a":}"#,
+    r#"{"a" 1}"#,
+    r#"{a:1}"#,
+    r#"{"a":01}"#,
+    r#"{"a":1,}"#,
+    r#"[1,]"#,
+    r#"{"a":"x"#,
+    "{\"a\":\"tab\there\"}",
+    r#"{"a":tru}"#,
+    r#"{"a":"\x"}"#,
+    "nul",
+    r#"{"a":[1,2}"#,
+    r#"{"a":{"b":[}]}"#,
+    "'a'",
+    r#"{"a":1e}"#,
+    r#"{"a":-}"#,
+    r#"{"a":.5}"#,
+    r#"{"a":"\u12g4"}"#,
+    "[\"0123456789\u{1}abcdef\"]",
+    r#"[1 2]"#,
+    r#"{"a":1 "b":2}"#,
+];
+
+/// Texts that are one JSON document though a reader might refuse them, for tests of readers.
+#[cfg(any(test, feature = "testkit"))]
+pub const JSON: &[&str] = &[
+    r#"{"a":"\ud83d\ude00"}"#,
+    r#"{"a":1e400}"#,
+    r#"{"a":-0.5E+3}"#,
+    "[]",
+    "{}",
+    "null",
+    r#"{"a":"\ud800"}"#,
+    " [ ] ",
+];
+
+/// Whether serde_json reads `text` as one JSON document (its pass that builds no value, which
+/// this scanner replaced): the oracle of tests of readers.
+#[cfg(any(test, feature = "testkit"))]
+pub fn serde_json_reads(text: &str) -> bool {
+    serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+}
+
+/// Panics unless both answers came up often enough, `json` of `n` edits being JSON, for a
+/// comparison over [`edits`] to mean something.
+#[cfg(any(test, feature = "testkit"))]
+pub fn assert_mixed(json: usize, n: usize) {
+    assert!(
+        json > n / 20 && json < n * 19 / 20,
+        "{json} of {n} edits were JSON"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// serde_json's reading (the check this scanner replaced).
-    fn serde_json_reads(text: &str) -> bool {
-        serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
-    }
 
     #[test]
     fn it_accepts_what_serde_json_accepts_after_any_edit() {
@@ -359,58 +416,24 @@ mod tests {
             assert_eq!(is_document(text.as_bytes()), want, "{text:?}");
             json += usize::from(want);
         }
-        // Both answers came up often enough for the comparison to mean something.
-        let n = texts.len();
-        assert!(
-            json > n / 20 && json < n * 19 / 20,
-            "{json} of {n} were JSON"
-        );
+        assert_mixed(json, texts.len());
     }
 
     #[test]
     fn what_is_not_one_json_document_is_refused() {
-        for bad in [
-            "",
-            " ",
-            "{",
-            r#"{"a":1"#,
-            r#"{"a":1}}"#,
-            r#"{"a":1} {"b":2}"#,
-            r#"{"a":}"#,
-            r#"{"a" 1}"#,
-            r#"{a:1}"#,
-            r#"{"a":01}"#,
-            r#"{"a":1,}"#,
-            r#"[1,]"#,
-            r#"{"a":"x"#,
-            "{\"a\":\"tab\there\"}",
-            r#"{"a":tru}"#,
-            r#"{"a":"\x"}"#,
-            "nul",
-            r#"{"a":[1,2}"#,
-            r#"{"a":{"b":[}]}"#,
-            "'a'",
-            r#"{"a":1e}"#,
-            r#"{"a":-}"#,
-            r#"{"a":.5}"#,
-            r#"{"a":"\u12g4"}"#,
-            "[\"0123456789\u{1}abcdef\"]",
-            r#"[1 2]"#,
-            r#"{"a":1 "b":2}"#,
-        ] {
+        for bad in NOT_JSON {
             assert!(!is_document(bad.as_bytes()), "{bad:?} is not JSON");
+            assert!(
+                !serde_json_reads(bad),
+                "{bad:?} is not JSON for serde_json either"
+            );
         }
-        for good in [
-            r#"{"a":"\ud83d\ude00"}"#,
-            r#"{"a":1e400}"#,
-            r#"{"a":-0.5E+3}"#,
-            "[]",
-            "{}",
-            "null",
-            r#"{"a":"\ud800"}"#,
-            " [ ] ",
-        ] {
+        for good in JSON {
             assert!(is_document(good.as_bytes()), "{good:?} is JSON");
+            assert!(
+                serde_json_reads(good),
+                "{good:?} is JSON for serde_json too"
+            );
         }
     }
 
