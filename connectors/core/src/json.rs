@@ -1,10 +1,10 @@
-//! A JSON scanner that checks RFC 8259's grammar without building values: one document, or
-//! one value inside a document, from a byte offset. It accepts what serde_json's `IgnoredAny`
-//! accepts (a test compares the two on some 60 000 random edits of a corpus): any `\uXXXX`
-//! escape, a lone surrogate included (as serde_json for a value it skips and Go's
+//! A JSON scanner that checks RFC 8259's grammar without building values: one document, or one
+//! value inside a document, from a byte offset. It accepts what serde_json's `IgnoredAny`
+//! accepts (a test compares the two on tens of thousands of random edits of a corpus): any
+//! `\uXXXX` escape, a lone surrogate included (as serde_json for a value it skips and Go's
 //! `encoding/json`, which reads one as U+FFFD), any depth (it is iterative: data nested beyond
-//! any stack is checked without recursion), and no check of the bytes' encoding (a caller
-//! that has bytes checks UTF-8 first; see [`crate::event::is_json`]).
+//! any stack is checked without recursion), and no check of the bytes' encoding (a caller that
+//! has bytes checks UTF-8 first; see [`crate::event::is_json`]).
 //!
 //! It reads a string's first eight bytes as one word, a longer run by memchr's vector search,
 //! and keeps the kinds of the open arrays and objects as bits. On the Sensor benchmark's 1 KiB

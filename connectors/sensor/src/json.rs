@@ -331,8 +331,8 @@ fn members(text: &str, mut i: usize) -> Option<(usize, Option<Vec<(&str, &str)>>
 /// located into `located`: the offset after it. `exact` is cleared when a key is written with
 /// escapes in an object on a planned path before every planned member of that object was met
 /// (gjson reads such a key by its unescaped text, which this pass does not compare, so the
-/// located values are not used). Recurses once per step of a planned path,
-/// which the configuration bounds; everything else is skipped by [`skip_value`].
+/// located values are not used). Recurses once per step of a planned path, which the
+/// configuration bounds; everything else is skipped by [`skip_value`].
 fn visit<'a>(
     node: &Node,
     text: &'a str,
