@@ -591,7 +591,7 @@ pub(crate) fn data_text_with<'a>(e: &'a Event, plan: &'a Plan) -> Result<Option<
     let Some(bytes) = e.data.as_bytes() else {
         return Ok(None);
     };
-    // simdutf8 checks this 1 KiB body in under a third of std's instructions (callgrind).
+    // simdutf8: under a third of std's instructions for a 1 KiB body (callgrind).
     let text = simdutf8::basic::from_utf8(bytes).map_err(|_| not_json())?;
     if text.is_empty() {
         return Ok(None);
