@@ -18,7 +18,7 @@ pub(crate) struct Doc<'a> {
     /// The top-level object's members in document order, each as its key and its value's raw
     /// JSON; `None` when the document is not an object or a key is written with escapes (its
     /// text is then not the key).
-    members: Option<Vec<(&'a str, &'a str)>>,
+    members: Option<Members<'a>>,
     /// The values a [`Plan`] located while checking, by slot, with the plan; `None` without a
     /// plan or when a key on a planned path was written with escapes.
     located: Option<(&'a Plan, Located<'a>)>,
@@ -301,10 +301,12 @@ impl Plan {
     }
 }
 
+/// A top-level object's members in document order, each as its key and its value's raw JSON.
+type Members<'a> = Vec<(&'a str, &'a str)>;
+
 /// The members of the object at `i` (its `{`), checked: the offset after it, and each member's
 /// key and raw value in document order (`None` when a key is written with escapes).
-#[allow(clippy::type_complexity)]
-fn members(text: &str, mut i: usize) -> Option<(usize, Option<Vec<(&str, &str)>>)> {
+fn members(text: &str, mut i: usize) -> Option<(usize, Option<Members<'_>>)> {
     let b = text.as_bytes();
     let mut members = Some(Vec::with_capacity(8));
     i = ws(b, i + 1);
