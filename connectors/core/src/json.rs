@@ -42,18 +42,36 @@ const HIGHS: u64 = 0x8080_8080_8080_8080;
 /// carries upwards), the lowest is always right: that is the one the caller reads.
 #[inline(always)]
 fn specials(w: u64) -> u64 {
-    let quote = w ^ (ONES * u64::from(b'"'));
+    // With bit 1 flipped, `"` (0x22) becomes 0x20 and the control characters stay below it,
+    // while no other byte falls under 0x21: one test below 0x21 finds both.
+    let low = w ^ (ONES * 0x02);
     let backslash = w ^ (ONES * u64::from(b'\\'));
-    ((w.wrapping_sub(ONES * 0x20) & !w)
-        | (quote.wrapping_sub(ONES) & !quote)
-        | (backslash.wrapping_sub(ONES) & !backslash))
-        & HIGHS
+    ((low.wrapping_sub(ONES * 0x21) & !low) | (backslash.wrapping_sub(ONES) & !backslash)) & HIGHS
 }
 
 /// A string's rest, from the byte after its opening quote: the offset after its closing quote,
 /// and whether it holds an escape.
 #[inline(always)]
-fn skip_str(b: &[u8], mut i: usize) -> Option<(usize, bool)> {
+fn skip_str(b: &[u8], i: usize) -> Option<(usize, bool)> {
+    // Where short strings end: a quote in the next eight bytes with nothing special before it.
+    if let Some(chunk) = b.get(i..i + 8) {
+        let w = u64::from_le_bytes(chunk.try_into().ok()?);
+        let m = specials(w);
+        if m != 0 {
+            let high = m.trailing_zeros();
+            // The lowest marked byte is right (see `specials`): read it from the word.
+            if (w >> (high - 7)) as u8 == b'"' {
+                return Some((i + (high / 8) as usize + 1, false));
+            }
+        }
+    }
+    skip_str_long(b, i)
+}
+
+/// [`skip_str`] past its quick case: a string longer than seven bytes, one with an escape, one
+/// ending in the text's last eight bytes, or one that is not closed.
+#[inline(never)]
+fn skip_str_long(b: &[u8], mut i: usize) -> Option<(usize, bool)> {
     let mut escaped = false;
     loop {
         // The next special byte: in the next eight bytes (where short strings end), else
@@ -100,15 +118,21 @@ fn skip_str(b: &[u8], mut i: usize) -> Option<(usize, bool)> {
     }
 }
 
+/// Digits from `i`, none or more.
+#[inline(always)]
+fn more_digits(b: &[u8], mut i: usize) -> usize {
+    while b.get(i).is_some_and(u8::is_ascii_digit) {
+        i += 1;
+    }
+    i
+}
+
 /// Digits from `i`, at least one.
 #[inline(always)]
 fn digits(b: &[u8], i: usize) -> Option<usize> {
-    let n = b
-        .get(i..)?
-        .iter()
-        .take_while(|c| c.is_ascii_digit())
-        .count();
-    (n > 0).then_some(i + n)
+    b.get(i)
+        .is_some_and(u8::is_ascii_digit)
+        .then(|| more_digits(b, i + 1))
 }
 
 /// A number: `-`? (`0` | a digit 1–9 and digits) (`.` digits)? (`e`|`E` (`+`|`-`)? digits)?
@@ -119,9 +143,18 @@ fn skip_num(b: &[u8], mut i: usize) -> Option<usize> {
     }
     i = match *b.get(i)? {
         b'0' => i + 1,
-        b'1'..=b'9' => digits(b, i)?,
+        b'1'..=b'9' => more_digits(b, i + 1),
         _ => return None,
     };
+    match b.get(i) {
+        Some(b'.' | b'e' | b'E') => skip_fraction(b, i),
+        _ => Some(i),
+    }
+}
+
+/// A number's fraction and exponent, from the `.`, `e` or `E` after its integer part.
+#[inline(never)]
+fn skip_fraction(b: &[u8], mut i: usize) -> Option<usize> {
     if b.get(i) == Some(&b'.') {
         i = digits(b, i + 1)?;
     }
@@ -135,6 +168,15 @@ fn skip_num(b: &[u8], mut i: usize) -> Option<usize> {
     Some(i)
 }
 
+/// [`ws`] where whitespace is rare: one test against `' '` answers for every byte above it.
+#[inline(always)]
+fn ws_fast(b: &[u8], i: usize) -> usize {
+    match b.get(i) {
+        Some(&c) if c > b' ' => i,
+        _ => ws(b, i),
+    }
+}
+
 /// An object member's key and colon, from the key's opening quote: the key's text without its
 /// quotes (`None` when written with escapes) and the offset of the value.
 #[inline(always)]
@@ -143,132 +185,126 @@ pub fn key(b: &[u8], i: usize) -> Option<(Option<std::ops::Range<usize>>, usize)
         return None;
     }
     let (end, escaped) = skip_str(b, i + 1)?;
-    let colon = ws(b, end);
-    if b.get(colon) != Some(&b':') {
+    let mut colon = end;
+    let mut c = *b.get(colon)?;
+    if c <= b' ' {
+        colon = ws(b, colon);
+        c = *b.get(colon)?;
+    }
+    if c != b':' {
         return None;
     }
-    Some(((!escaped).then_some(i + 1..end - 1), ws(b, colon + 1)))
+    Some(((!escaped).then_some(i + 1..end - 1), ws_fast(b, colon + 1)))
 }
 
-/// The kinds of the arrays and objects the scanner is inside, innermost last: one bit each (set
-/// for an object), in a word while they are few.
+/// A member's key and colon, from the key's opening quote: the offset of its value.
+#[inline(always)]
+fn skip_key(b: &[u8], i: usize) -> Option<usize> {
+    Some(key(b, i)?.1)
+}
+
+/// The kinds of the arrays and objects the scanner is inside: one bit each (set for an
+/// object), the innermost lowest, in a word while they are few. The scanner copies it into
+/// locals, so that the word and its count stay in registers.
 struct Open {
     word: u64,
-    depth: usize,
-    /// The kinds of the levels below the last 64 (only deep data gets here).
-    spilled: Vec<u64>,
+    /// How many levels `word` holds (up to 64).
+    held: u32,
 }
 
-impl Open {
-    #[inline]
-    fn push(&mut self, object: bool) {
-        if self.depth > 0 && self.depth.is_multiple_of(64) {
-            self.spilled.push(self.word);
-            self.word = 0;
-        }
-        let bit = 1u64 << (self.depth % 64);
-        self.word = if object {
-            self.word | bit
-        } else {
-            self.word & !bit
-        };
-        self.depth += 1;
-    }
-
-    /// Leaves the innermost level; whether levels are left open.
-    #[inline]
-    fn pop(&mut self) -> bool {
-        self.depth -= 1;
-        if self.depth > 0 && self.depth.is_multiple_of(64) {
-            self.word = self.spilled.pop().expect("pushed when it filled");
-        }
-        self.depth > 0
-    }
-
-    /// Whether the innermost level is an object.
-    #[inline]
-    fn object(&self) -> bool {
-        self.word & (1u64 << ((self.depth - 1) % 64)) != 0
-    }
-}
-
-impl Open {
-    /// Inside no array or object; or inside one, an object when `object`.
-    #[inline(always)]
-    fn new(inside: Option<bool>) -> Open {
-        Open {
-            word: u64::from(inside == Some(true)),
-            depth: usize::from(inside.is_some()),
-            spilled: Vec::new(),
-        }
+/// Inside no array or object; or inside one, an object when `object`.
+#[inline(always)]
+fn open(inside: Option<bool>) -> Open {
+    Open {
+        word: u64::from(inside == Some(true)),
+        held: u32::from(inside.is_some()),
     }
 }
 
 /// One value, from its first byte: the offset after it. Iterative, at any depth.
 #[inline]
 pub fn skip_value(b: &[u8], i: usize) -> Option<usize> {
-    skip_within(b, i, Open::new(None))
+    skip_within(b, i, open(None))
 }
 
 /// Inside an array (or, when `in_object`, an object), from the first byte of one of its
 /// values: that value and the rest of the container, checked; the offset after its end.
 #[inline]
 pub fn skip_rest(b: &[u8], i: usize, in_object: bool) -> Option<usize> {
-    skip_within(b, i, Open::new(Some(in_object)))
+    skip_within(b, i, open(Some(in_object)))
 }
 
 /// The value at `i` (its first byte), then the rest of the arrays and objects `open` says it
 /// is inside: the offset after the last of them closes (after the value, when none is open).
-fn skip_within(b: &[u8], mut i: usize, mut open: Open) -> Option<usize> {
+fn skip_within(b: &[u8], mut i: usize, open: Open) -> Option<usize> {
+    let Open { mut word, mut held } = open;
+    // The words of the levels outside the last 64 (only deep data gets here).
+    let mut spilled: Vec<u64> = Vec::new();
     loop {
         // A value at `i`.
-        match *b.get(i)? {
-            b'"' => i = skip_str(b, i + 1)?.0,
-            b'{' => {
-                i = ws(b, i + 1);
-                if b.get(i) == Some(&b'}') {
-                    i += 1;
-                } else {
-                    open.push(true);
-                    i = key(b, i)?.1;
-                    continue;
+        let c = *b.get(i)?;
+        if c == b'"' {
+            i = skip_str(b, i + 1)?.0;
+        } else if c == b'{' || c == b'[' {
+            i = ws_fast(b, i + 1);
+            // `}` is `{` + 2, `]` is `[` + 2.
+            if b.get(i) == Some(&(c + 2)) {
+                i += 1;
+            } else {
+                if held == 64 {
+                    spilled.push(word);
+                    held = 0;
                 }
-            }
-            b'[' => {
-                i = ws(b, i + 1);
-                if b.get(i) == Some(&b']') {
-                    i += 1;
-                } else {
-                    open.push(false);
-                    continue;
+                let object = c == b'{';
+                word = (word << 1) | u64::from(object);
+                held += 1;
+                if object {
+                    i = skip_key(b, i)?;
                 }
+                continue;
             }
-            b't' if b.get(i..i + 4) == Some(b"true") => i += 4,
-            b'f' if b.get(i..i + 5) == Some(b"false") => i += 5,
-            b'n' if b.get(i..i + 4) == Some(b"null") => i += 4,
-            b'-' | b'0'..=b'9' => i = skip_num(b, i)?,
-            _ => return None,
-        }
-        // After a value: the next one in its array or object, or the ends of those it closes.
-        loop {
-            if open.depth == 0 {
-                return Some(i);
-            }
-            i = ws(b, i);
-            match *b.get(i)? {
-                b',' => {
-                    i = ws(b, i + 1);
-                    if open.object() {
-                        i = key(b, i)?.1;
-                    }
-                    break;
-                }
-                b'}' if open.object() => {}
-                b']' if !open.object() => {}
+        } else {
+            i = match c {
+                b'-' | b'0'..=b'9' => skip_num(b, i)?,
+                b't' if b.get(i..i + 4) == Some(b"true") => i + 4,
+                b'f' if b.get(i..i + 5) == Some(b"false") => i + 5,
+                b'n' if b.get(i..i + 4) == Some(b"null") => i + 4,
                 _ => return None,
             }
+        }
+        // After a value: the next one in its array or object, or the ends of those it closes.
+        if held == 0 {
+            return Some(i);
+        }
+        loop {
+            let mut c = *b.get(i)?;
+            if c <= b' ' {
+                i = ws(b, i);
+                c = *b.get(i)?;
+            }
+            if c == b',' {
+                i = ws_fast(b, i + 1);
+                if word & 1 != 0 {
+                    i = skip_key(b, i)?;
+                }
+                break;
+            }
+            // `}` is `]` + 0x20.
+            if c != b']' + 0x20 * (word & 1) as u8 {
+                return None;
+            }
             i += 1;
-            open.pop();
+            word >>= 1;
+            held -= 1;
+            if held == 0 {
+                match spilled.pop() {
+                    Some(w) => {
+                        word = w;
+                        held = 64;
+                    }
+                    None => return Some(i),
+                }
+            }
         }
     }
 }
