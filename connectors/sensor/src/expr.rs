@@ -11,6 +11,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use cel::common::types::{CelBool, CelDouble, CelNull, CelString};
+
 #[derive(Debug, Clone, PartialEq)]
 enum Tok {
     Num(f64),
@@ -316,9 +318,9 @@ impl Expr {
     ///
     /// The fields are bound through a resolver over their looked-up values, not added to the
     /// context one by one: that took a copy of each name and string value, a box and a map
-    /// node per field, per event. A scalar becomes a CEL value when the program reads it (a
-    /// string borrows the one copy made here); arrays and objects are converted before, so that
-    /// one nested too deep is refused here, as before.
+    /// node per field, per event. Each value is made a CEL value here (a string is the one copy
+    /// made of it), and the program reads it by reference; arrays and objects are converted
+    /// too, so that one nested too deep is refused here, as before.
     pub fn eval<'a>(
         &'a self,
         root: &cel::Context<'_, '_>,
@@ -329,12 +331,12 @@ impl Expr {
             let v = data.with(path, |v| {
                 v.exists().then(|| match v.kind() {
                     gjson::Kind::Array | gjson::Kind::Object => to_cel(v, 0).map(Err),
-                    gjson::Kind::Null => Some(Ok(Bound::Null)),
-                    gjson::Kind::False => Some(Ok(Bound::Bool(false))),
-                    gjson::Kind::True => Some(Ok(Bound::Bool(true))),
+                    gjson::Kind::Null => Some(Ok(Bound::Null(CelNull))),
+                    gjson::Kind::False => Some(Ok(Bound::Bool(false.into()))),
+                    gjson::Kind::True => Some(Ok(Bound::Bool(true.into()))),
                     // Every number a double: govaluate's float64.
-                    gjson::Kind::Number => Some(Ok(Bound::Number(v.f64()))),
-                    gjson::Kind::String => Some(Ok(Bound::String(v.str().to_owned()))),
+                    gjson::Kind::Number => Some(Ok(Bound::Number(v.f64().into()))),
+                    gjson::Kind::String => Some(Ok(Bound::String(v.str().to_owned().into()))),
                 })
             });
             let Some(v) = v else {
@@ -377,15 +379,27 @@ impl Expr {
     }
 }
 
-/// A field's value for one evaluation.
+/// A field's value for one evaluation, as the CEL value the program reads (a borrow of it:
+/// no value is boxed per read).
 enum Bound {
-    Null,
-    Bool(bool),
-    Number(f64),
-    /// Read by CEL as a string that borrows this one.
-    String(String),
-    /// An array or an object, converted once per evaluation (read as a borrow).
+    Null(CelNull),
+    Bool(CelBool),
+    Number(CelDouble),
+    String(CelString<'static>),
+    /// An array or an object, converted once per evaluation.
     Compound(Box<dyn cel::common::value::Val>),
+}
+
+impl Bound {
+    fn val(&self) -> &dyn cel::common::value::Val {
+        match self {
+            Bound::Null(v) => v,
+            Bound::Bool(v) => v,
+            Bound::Number(v) => v,
+            Bound::String(v) => v,
+            Bound::Compound(v) => v.as_ref(),
+        }
+    }
 }
 
 /// An expression's fields (CEL names, in `Expr::fields` order) and their values.
@@ -396,17 +410,9 @@ struct Fields<'e> {
 
 impl cel::context::VariableResolver for Fields<'_> {
     fn resolve<'b>(&'b self, variable: &str) -> Option<cel::common::value::CowVal<'b, 'b>> {
-        use cel::common::types::{CelBool, CelDouble, CelNull, CelString};
-        use cel::common::value::CowVal;
         // The last field of a name wins, as the last `add_variable` did (and Argo's map).
         let i = self.names.iter().rposition(|(n, _)| n == variable)?;
-        Some(match &self.vals[i] {
-            Bound::Null => CowVal::owned(CelNull),
-            Bound::Bool(b) => CowVal::owned(CelBool::from(*b)),
-            Bound::Number(n) => CowVal::owned(CelDouble::from(*n)),
-            Bound::String(t) => CowVal::owned(CelString::from(t.as_str())),
-            Bound::Compound(v) => CowVal::Borrowed(v.as_ref()),
-        })
+        Some(cel::common::value::CowVal::Borrowed(self.vals[i].val()))
     }
 }
 

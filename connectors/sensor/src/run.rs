@@ -933,8 +933,8 @@ impl Sensor {
         state: &mut State,
         e: &Arc<Event>,
         matched: &[(usize, Option<Arc<Event>>)],
-    ) -> Result<Vec<Firing>, String> {
-        let mut firings = Vec::new();
+    ) -> Result<SmallVec<[Firing; 1]>, String> {
+        let mut firings = SmallVec::new();
         let event_of = |d: usize| {
             matched
                 .iter()
@@ -948,7 +948,12 @@ impl Sensor {
             .collect();
         tis.sort_unstable();
         tis.dedup();
-        let now = now_ms();
+        // Read only for the triggers that keep the event (a pure OR fires at once).
+        let now = if tis.iter().all(|&ti| self.triggers[ti].pure_or) {
+            0
+        } else {
+            now_ms()
+        };
         let persistent = state.persistent();
         let mut w = Writes::default();
         for ti in tis {
@@ -1322,7 +1327,7 @@ impl Run {
         // made inside the one box the window holds (a run's future is several KiB; made here
         // and moved into a list, out of it, into the settling future and into its box, it was
         // copied four times per input).
-        let mut waits: Vec<(Firing, Vec<Event>)> = Vec::new();
+        let mut waits: SmallVec<[(Firing, Vec<Event>); 1]> = SmallVec::new();
         // The first refusal among the at-least-once runs that could not be built (each is a
         // `Rejected`, so the first is as bad as any).
         let mut refused: Option<Outcome> = None;
