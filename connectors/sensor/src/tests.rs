@@ -1087,6 +1087,60 @@ async fn pure_or_fires_per_event_and_without_payload_forwards_the_event() {
     stop(&mut rig, task).await;
 }
 
+/// A trigger without payload or parameters forwards its events as they are: with two such
+/// triggers firing on one input, and with one whose condition completes from a saved partial
+/// match, every output is its input event field for field (subject, time, an extension, data).
+#[tokio::test]
+async fn forwarded_events_are_the_inputs_field_for_field() {
+    let mut rig = ProcessorRig::addressing("fwd", &["a", "b"], &["out"]);
+    let mut out = rig.capture_of("out");
+    let task = start(
+        &mut rig,
+        "fwd",
+        json!({
+            "dependencies": [{"name": "dep-a", "source": "a"}, {"name": "dep-b", "source": "b"}],
+            "triggers": [
+                {"name": "one", "conditions": "dep-a", "sink": "out"},
+                {"name": "two", "conditions": "dep-a", "sink": "out"},
+                {"name": "both", "conditions": "dep-a && dep-b", "sink": "out"}
+            ]
+        }),
+    )
+    .await;
+    let mut a = Event::new("a-1", "/a", "t.a")
+        .with_subject("s")
+        .with_time(Timestamp::parse("2026-12-01T02:00:00Z").unwrap())
+        .with_json(r#"{"k":"v"}"#);
+    a.set_extension(
+        "traceparent",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    );
+    let b = Event::new("b-1", "/b", "t.b").with_json(r#"{"n":1}"#);
+    // `a` fires `one` and `two` and is kept for `both`.
+    let p = rig.sender_of("a").send(vec![a.clone()]).await;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let item = out.next_within(Duration::from_secs(5)).await;
+        got.push((*item.event).clone());
+        item.delivery.delivered();
+    }
+    assert!(p.await.is_delivered());
+    assert_eq!(got, vec![a.clone(), a.clone()]);
+    // `b` completes `both`: its events come from the saved match and the input.
+    let p = rig.sender_of("b").send(vec![b.clone()]).await;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let item = out.next_within(Duration::from_secs(5)).await;
+        got.push((*item.event).clone());
+        item.delivery.delivered();
+    }
+    assert!(p.await.is_delivered());
+    got.sort_by(|x, y| x.id.cmp(&y.id));
+    assert_eq!(got, vec![a, b]);
+    assert!(out.try_next().is_none(), "nothing else was sent");
+    stop(&mut rig, task).await;
+}
+
 #[tokio::test]
 async fn partial_state_survives_a_restart() {
     let store = {
