@@ -1116,27 +1116,31 @@ async fn forwarded_events_are_the_inputs_field_for_field() {
         "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     );
     let b = Event::new("b-1", "/b", "t.b").with_json(r#"{"n":1}"#);
+    // Sends `e` on `feed` and takes the two outputs it causes, each delivered.
+    async fn two_outputs(
+        rig: &ProcessorRig,
+        out: &mut sluice_core::testkit::Capture,
+        feed: &str,
+        e: &Event,
+    ) -> Vec<Event> {
+        let p = rig.sender_of(feed).send(vec![e.clone()]).await;
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let item = out.next_within(Duration::from_secs(5)).await;
+            got.push((*item.event).clone());
+            item.delivery.delivered();
+        }
+        assert!(p.await.is_delivered());
+        got.sort_by(|x, y| x.id.cmp(&y.id));
+        got
+    }
     // `a` fires `one` and `two` and is kept for `both`.
-    let p = rig.sender_of("a").send(vec![a.clone()]).await;
-    let mut got = Vec::new();
-    for _ in 0..2 {
-        let item = out.next_within(Duration::from_secs(5)).await;
-        got.push((*item.event).clone());
-        item.delivery.delivered();
-    }
-    assert!(p.await.is_delivered());
-    assert_eq!(got, vec![a.clone(), a.clone()]);
+    assert_eq!(
+        two_outputs(&rig, &mut out, "a", &a).await,
+        vec![a.clone(), a.clone()]
+    );
     // `b` completes `both`: its events come from the saved match and the input.
-    let p = rig.sender_of("b").send(vec![b.clone()]).await;
-    let mut got = Vec::new();
-    for _ in 0..2 {
-        let item = out.next_within(Duration::from_secs(5)).await;
-        got.push((*item.event).clone());
-        item.delivery.delivered();
-    }
-    assert!(p.await.is_delivered());
-    got.sort_by(|x, y| x.id.cmp(&y.id));
-    assert_eq!(got, vec![a, b]);
+    assert_eq!(two_outputs(&rig, &mut out, "b", &b).await, vec![a, b]);
     assert!(out.try_next().is_none(), "nothing else was sent");
     stop(&mut rig, task).await;
 }
