@@ -68,8 +68,9 @@ fn skip_str(b: &[u8], i: usize) -> Option<(usize, bool)> {
     skip_str_long(b, i)
 }
 
-/// [`skip_str`] past its quick case: a string longer than seven bytes, one with an escape, one
-/// ending in the text's last eight bytes, or one that is not closed.
+/// [`skip_str`] past its quick case: a string longer than seven bytes, one with an escape or a
+/// control character, one with fewer than eight bytes of text after its opening quote, or one
+/// that is not closed.
 #[inline(never)]
 fn skip_str_long(b: &[u8], mut i: usize) -> Option<(usize, bool)> {
     let mut escaped = false;
@@ -314,7 +315,7 @@ fn skip_within(b: &[u8], mut i: usize, open: Open) -> Option<usize> {
 /// text): `per_doc` texts for each document, those that stay UTF-8, deterministic.
 #[cfg(any(test, feature = "testkit"))]
 pub fn edits(corpus: &[String], per_doc: usize) -> Vec<String> {
-    let grammar = b"{}[]\",:.-+eE0123456789 \t\nutrfalsn\\/x\x01\x7f";
+    let grammar = b"{}[]\",:.-+eE0123456789 !#\t\nutrfalsn\\/x\x01\x7f";
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = |n: usize| {
         seed ^= seed << 13;
@@ -451,6 +452,39 @@ mod tests {
             json += usize::from(want);
         }
         assert_mixed(json, texts.len());
+    }
+
+    /// The byte `specials` marks lowest in a word is the first control character, `"` or `\`
+    /// in it, for every byte value at every position, whatever the bytes before and after it
+    /// are (the neighbours of `"` and of 0x20, high bytes, other specials).
+    #[test]
+    fn the_lowest_special_of_a_word_is_the_first_string_ending_byte() {
+        let special = |c: u8| c < 0x20 || c == b'"' || c == b'\\';
+        let others = [
+            b' ', b'!', b'#', b'a', b'\\', b'"', 0x1f, 0x00, 0x7f, 0x80, 0xff,
+        ];
+        for v in 0..=255u8 {
+            for at in 0..8 {
+                for &before in &others {
+                    for &after in &others {
+                        let mut w = [after; 8];
+                        w[..at].fill(before);
+                        w[at] = v;
+                        let want = w.iter().position(|&c| special(c));
+                        let m = specials(u64::from_le_bytes(w));
+                        let got = (m != 0).then(|| (m.trailing_zeros() / 8) as usize);
+                        assert_eq!(got, want, "{w:02x?}");
+                        if let Some(high) = (m != 0).then(|| m.trailing_zeros()) {
+                            assert_eq!(high % 8, 7);
+                            assert_eq!(
+                                (u64::from_le_bytes(w) >> (high - 7)) as u8,
+                                w[got.unwrap()]
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
