@@ -320,12 +320,22 @@ fn members(text: &str, mut i: usize) -> Option<(usize, Option<Members<'_>>)> {
             (Some(name), Some(ms)) => ms.push((&text[name], &text[at..end])),
             _ => members = None,
         }
-        i = ws(b, end);
-        match *b.get(i)? {
-            b',' => i = ws(b, i + 1),
-            b'}' => return Some((i + 1, members)),
-            _ => return None,
+        match next_item(b, end, b'}')? {
+            Ok(next) => i = next,
+            Err(after) => return Some((after, members)),
         }
+    }
+}
+
+/// After an array's element or an object's member that ends at `end`: `Ok` with the offset of
+/// the next one (after the comma), `Err` with the offset after `close`, `None` for anything else.
+#[inline]
+fn next_item(b: &[u8], end: usize, close: u8) -> Option<Result<usize, usize>> {
+    let i = ws(b, end);
+    match *b.get(i)? {
+        b',' => Some(Ok(ws(b, i + 1))),
+        c if c == close => Some(Err(i + 1)),
+        _ => None,
     }
 }
 
@@ -379,11 +389,9 @@ fn visit<'a>(
                     }
                     _ => skip_value(b, at)?,
                 };
-                i = ws(b, end);
-                match *b.get(i)? {
-                    b',' => i = ws(b, i + 1),
-                    b'}' => return Some(i + 1),
-                    _ => return None,
+                match next_item(b, end, b'}')? {
+                    Ok(next) => i = next,
+                    Err(after) => return Some(after),
                 }
             }
         }
@@ -404,11 +412,9 @@ fn visit<'a>(
                     Some((_, child)) => visit(child, text, i, located, exact)?,
                     None => skip_value(b, i)?,
                 };
-                i = ws(b, end);
-                match *b.get(i)? {
-                    b',' => i = ws(b, i + 1),
-                    b']' => return Some(i + 1),
-                    _ => return None,
+                match next_item(b, end, b']')? {
+                    Ok(next) => i = next,
+                    Err(after) => return Some(after),
                 }
                 index += 1;
             }
