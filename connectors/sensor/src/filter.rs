@@ -329,40 +329,42 @@ impl Filters {
         let data = || text.as_ref().map(Option::as_ref).map_err(Clone::clone);
         // A path read by several filters (a data filter and an expr field) is looked up once.
         let memo = Lookups::default();
-        let families: [(bool, &'static str); 5] = [
-            (!self.exprs.is_empty(), "exprs"),
-            (!self.data.is_empty(), "data"),
-            (self.context.is_some(), "context"),
-            (self.time.is_some(), "time"),
-            (self.script.is_some(), "script"),
+        // Whether each family is defined, in `FAMILIES` order (Argo's): dispatched by
+        // position, not by comparing the names.
+        let defined = [
+            !self.exprs.is_empty(),
+            !self.data.is_empty(),
+            self.context.is_some(),
+            self.time.is_some(),
+            self.script.is_some(),
         ];
         let mut first_fail = None;
         let mut any_pass = false;
-        for (defined, family) in families {
-            if !defined {
+        for (i, family) in FAMILIES.into_iter().enumerate() {
+            if !defined[i] {
                 continue;
             }
-            let r = match family {
-                "exprs" => data().and_then(|d| match d {
+            let r = match i {
+                0 => data().and_then(|d| match d {
                     None => Ok(true),
                     Some(d) => combine(
                         self.expr_logic,
                         self.exprs.iter().map(|x| x.eval(cel_root, &memo.on(d))),
                     ),
                 }),
-                "data" => data().and_then(|d| match d {
+                1 => data().and_then(|d| match d {
                     None => Ok(true),
                     Some(d) => combine(
                         self.data_logic,
                         self.data.iter().map(|f| f.eval(&memo.on(d))),
                     ),
                 }),
-                "context" => Ok(self.context.as_ref().is_none_or(|c| context_matches(c, e))),
-                "script" => data().and_then(|d| match (d, &self.script) {
+                2 => Ok(self.context.as_ref().is_none_or(|c| context_matches(c, e))),
+                3 => self.time.as_ref().map_or(Ok(true), |t| t.eval(e)),
+                _ => data().and_then(|d| match (d, &self.script) {
                     (Some(d), Some(s)) => s.filter(d.text.as_bytes()),
                     _ => Ok(true),
                 }),
-                _ => self.time.as_ref().map_or(Ok(true), |t| t.eval(e)),
             };
             match r {
                 Ok(true) => any_pass = true,

@@ -96,7 +96,7 @@ pub(crate) struct Sensor {
     pub(crate) triggers: Vec<Trigger>,
     /// Stage name → the dependencies that read it, and the paths their filters read, located
     /// while the event's data is checked.
-    by_origin: HashMap<String, (Vec<usize>, Plan)>,
+    by_origin: foldhash::HashMap<String, (Vec<usize>, Plan)>,
     /// Per dependency: the triggers whose conditions name it.
     dep_triggers: Vec<Vec<usize>>,
 }
@@ -285,7 +285,8 @@ impl Sensor {
         )?;
         unique(cfg.triggers.iter().map(|t| t.name.as_str()), "triggers")?;
         let mut deps = Vec::new();
-        let mut by_origin: HashMap<String, (Vec<usize>, Plan)> = HashMap::new();
+        let mut by_origin: foldhash::HashMap<String, (Vec<usize>, Plan)> =
+            foldhash::HashMap::default();
         for (i, d) in cfg.dependencies.iter().enumerate() {
             let filters = Filters::compile(
                 &d.filters.clone().unwrap_or_default(),
