@@ -81,6 +81,13 @@ pub(crate) enum Dlq {
     Trigger(Box<Trigger>),
 }
 
+impl Trigger {
+    /// Whether it sends its events unchanged: no `payload`, no `parameters`.
+    fn forwards(&self) -> bool {
+        self.payload.is_empty() && self.parameters.is_empty()
+    }
+}
+
 impl Dlq {
     fn sink(&self) -> &str {
         match self {
@@ -439,14 +446,13 @@ impl Sensor {
     /// Counts and logs the end of a run of `tr` over `events` (a dead-lettered run is counted
     /// where it is sent). Each firing is counted (`fired`); its line is debug, or info when it
     /// took retries: a line per event took 8 % of a busy sensor's CPU at info.
-    fn ended(
+    fn ended<'e>(
         &self,
         tr: &Trigger,
-        events: &[(usize, Arc<Event>)],
+        ids: impl Fn() -> Vec<&'e str>,
         attempts: u32,
         outcome: &Outcome,
     ) {
-        let ids = || event_ids(events);
         if outcome.is_delivered() {
             tr.counters.fired.increment(1);
             if attempts == 1 {
@@ -462,6 +468,8 @@ impl Sensor {
     }
 
     /// The events the trigger sends for the events `have` (one per satisfied dependency).
+    /// A trigger that [forwards](Trigger::forwards) sends copies of them; a direct run takes
+    /// them instead ([`Run::forwarded`]).
     fn outputs(&self, tr: &Trigger, have: &[(usize, Arc<Event>)]) -> Result<Vec<Event>, String> {
         let by_dep = |d: usize| have.iter().find(|(x, _)| *x == d).map(|(_, e)| &**e);
         // Each event's data checked as JSON once for all the parameters that read it, not once
@@ -1073,6 +1081,34 @@ impl Sensor {
     }
 }
 
+/// A run's outputs: built by [`Sensor::outputs`], or, for a trigger that
+/// [forwards](Trigger::forwards) its events, those events themselves: copied when the run
+/// starts, or taken from the firing by a direct run ([`Run::fire_direct`]), which needs only
+/// their ids afterwards.
+enum Outs {
+    Built(Vec<Event>),
+    Forward,
+}
+
+impl Outs {
+    /// How many events the run sends.
+    fn len(&self, f: &Firing) -> usize {
+        match self {
+            Outs::Built(v) => v.len(),
+            Outs::Forward => f.events.len(),
+        }
+    }
+
+    /// The events to send, forwarded ones copied (the firing keeps them for its retries, its
+    /// dead-letter trigger and its log lines).
+    fn copied(self, f: &Firing) -> Vec<Event> {
+        match self {
+            Outs::Built(v) => v,
+            Outs::Forward => f.events.iter().map(|(_, e)| Event::clone(e)).collect(),
+        }
+    }
+}
+
 /// The dependencies an event satisfies, each with the event its transform made (`None`: the
 /// event unchanged); inline for the usual one or two, so that no event allocates a list.
 type Matched<E> = SmallVec<[(usize, Option<E>); 2]>;
@@ -1183,7 +1219,7 @@ impl Run {
                 outcome
             };
             if outcome.is_delivered() {
-                sensor.ended(tr, &f.events, attempt + 1, &outcome);
+                sensor.ended(tr, || event_ids(&f.events), attempt + 1, &outcome);
                 return settle(outcome);
             }
             let reason = outcome.reason.clone().unwrap_or_else(|| "failed".into());
@@ -1237,7 +1273,7 @@ impl Run {
                     return settle(dl);
                 }
             }
-            sensor.ended(tr, &f.events, attempt + 1, &outcome);
+            sensor.ended(tr, || event_ids(&f.events), attempt + 1, &outcome);
             settle(outcome)
         }
     }
@@ -1250,11 +1286,11 @@ impl Run {
     fn direct<F: std::future::Future<Output = ()>>(
         &self,
         f: &Firing,
-        outs: &[Event],
+        outs: &Outs,
         window: &SinkWindow<F>,
     ) -> bool {
         let tr = &self.sensor.triggers[f.trigger];
-        outs.len() == 1
+        outs.len(f) == 1
             && f.taken.is_none()
             && tr.retry.attempts <= 1
             && tr.dlq.is_none()
@@ -1267,21 +1303,37 @@ impl Run {
     /// continuation that counts the run and then calls `settled` (the input's settling, for
     /// an at-least-once trigger). When the sink's queue has no room now, a task in `window`
     /// waits for it and does the same.
+    ///
+    /// A forwarded event is taken from the firing, not copied ([`Outs::Forward`]); the
+    /// continuation keeps its id for the log line.
     fn fire_direct(
         self: &Arc<Self>,
-        f: Firing,
-        mut outs: Vec<Event>,
+        mut f: Firing,
+        outs: Outs,
         settled: impl FnOnce(&Outcome) + Send + 'static,
         window: &mut SinkWindow<futures_util::future::BoxFuture<'static, ()>>,
     ) {
         let (target, _) = self.targets[f.trigger];
-        let out = outs.pop().expect("a direct run has one output");
+        let (out, id) = match outs {
+            Outs::Built(mut outs) => (outs.pop().expect("a direct run has one output"), None),
+            Outs::Forward => {
+                let (_, e) = f.events.pop().expect("a direct run has one event");
+                // The only holder once the input dropped its own (`Run::input`); a copy when
+                // another trigger's run of the same input still holds it.
+                let out = Arc::unwrap_or_clone(e);
+                let id = out.id.clone();
+                (out, Some(id))
+            }
+        };
         let run = self.clone();
         self.direct
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let then: Then = Box::new(move |outcome: Outcome| {
-            run.sensor
-                .ended(&run.sensor.triggers[f.trigger], &f.events, 1, &outcome);
+            let tr = &run.sensor.triggers[f.trigger];
+            match &id {
+                Some(id) => run.sensor.ended(tr, || vec![id.as_str()], 1, &outcome),
+                None => run.sensor.ended(tr, || event_ids(&f.events), 1, &outcome),
+            }
             settled(&outcome);
             run.direct
                 .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -1324,21 +1376,29 @@ impl Run {
                 return delivery.failed(format!("sensor {}: state store: {e}", self.sensor.name));
             }
         };
+        // The firings and the saved partial matches hold it where it is needed; without this
+        // hold, a direct run that forwards it can take it instead of copying it.
+        drop(event);
         // The runs an at-least-once input waits for, as what starts them: each run's future is
         // made inside the one box the window holds (a run's future is several KiB; made here
         // and moved into a list, out of it, into the settling future and into its box, it was
         // copied four times per input).
-        let mut waits: SmallVec<[(Firing, Vec<Event>); 1]> = SmallVec::new();
+        let mut waits: SmallVec<[(Firing, Outs); 1]> = SmallVec::new();
         // The first refusal among the at-least-once runs that could not be built (each is a
         // `Rejected`, so the first is as bad as any).
         let mut refused: Option<Outcome> = None;
         for f in firings {
             let tr = &self.sensor.triggers[f.trigger];
-            let outs = match self.sensor.outputs(tr, &f.events) {
+            let built = if tr.forwards() {
+                Ok(Outs::Forward)
+            } else {
+                self.sensor.outputs(tr, &f.events).map(Outs::Built)
+            };
+            let outs = match built {
                 Ok(o) => o,
                 Err(e) => {
                     tr.counters.failed.increment(1);
-                    tracing::error!(sensor = %self.sensor.name, trigger = %tr.name, id = %event.id, error = %e, "trigger cannot build its output");
+                    tracing::error!(sensor = %self.sensor.name, trigger = %tr.name, events = ?event_ids(&f.events), error = %e, "trigger cannot build its output");
                     // A run that cannot be built is refused for good: its events are spent.
                     if let Some((key, taken)) = &f.taken {
                         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -1364,6 +1424,7 @@ impl Run {
             } else if self.direct(&f, &outs, window) {
                 self.fire_direct(f, outs, |_| {}, window);
             } else {
+                let outs = outs.copied(&f);
                 let run = self.clone();
                 window.push(Box::pin(async move {
                     run.fire(f, outs).await;
@@ -1380,6 +1441,7 @@ impl Run {
                 if self.direct(&f, &outs, window) {
                     return self.fire_direct(f, outs, move |o| delivery.settle_with(o), window);
                 }
+                let outs = outs.copied(&f);
                 let run = self.clone();
                 window.push(Box::pin(async move {
                     let outcome = run.fire(f, outs).await;
@@ -1389,8 +1451,11 @@ impl Run {
             (_, refused) => {
                 let run = self.clone();
                 window.push(Box::pin(async move {
-                    let outcomes =
-                        join_all(waits.into_iter().map(|(f, outs)| run.fire(f, outs))).await;
+                    let outcomes = join_all(waits.into_iter().map(|(f, outs)| {
+                        let outs = outs.copied(&f);
+                        run.fire(f, outs)
+                    }))
+                    .await;
                     let worst = outcomes.into_iter().chain(refused).max_by_key(|o| o.status);
                     match worst {
                         Some(o) => delivery.settle_with(&o),
