@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 use cel::common::types::{CelBool, CelDouble, CelNull, CelString};
 
+use crate::json::Found;
+
 #[derive(Debug, Clone, PartialEq)]
 enum Tok {
     Num(f64),
@@ -329,14 +331,24 @@ impl Expr {
         let mut vals = smallvec::SmallVec::<[Bound; 4]>::new();
         for (_, path) in &self.fields {
             let v = data.with(path, |v| {
-                v.exists().then(|| match v.kind() {
-                    gjson::Kind::Array | gjson::Kind::Object => to_cel(v, 0).map(Err),
-                    gjson::Kind::Null => Some(Ok(Bound::Null(CelNull))),
-                    gjson::Kind::False => Some(Ok(Bound::Bool(false.into()))),
-                    gjson::Kind::True => Some(Ok(Bound::Bool(true.into()))),
-                    // Every number a double: govaluate's float64.
-                    gjson::Kind::Number => Some(Ok(Bound::Number(v.f64().into()))),
-                    gjson::Kind::String => Some(Ok(Bound::String(v.str().to_owned().into()))),
+                v.exists().then(|| match v {
+                    Found::Value(v)
+                        if matches!(v.kind(), gjson::Kind::Array | gjson::Kind::Object) =>
+                    {
+                        to_cel(v, 0).map(Err)
+                    }
+                    _ => Some(Ok(match v.kind() {
+                        gjson::Kind::Null => Bound::Null(CelNull),
+                        gjson::Kind::False => Bound::Bool(false.into()),
+                        gjson::Kind::True => Bound::Bool(true.into()),
+                        // Every number a double: govaluate's float64.
+                        gjson::Kind::Number => Bound::Number(v.f64().into()),
+                        // A located string is borrowed from the data; another is copied.
+                        _ => Bound::String(match v.raw_str() {
+                            Some(text) => text.into(),
+                            None => v.str().to_owned().into(),
+                        }),
+                    })),
                 })
             });
             let Some(v) = v else {
@@ -381,16 +393,16 @@ impl Expr {
 
 /// A field's value for one evaluation, as the CEL value the program reads (a borrow of it:
 /// no value is boxed per read).
-enum Bound {
+enum Bound<'a> {
     Null(CelNull),
     Bool(CelBool),
     Number(CelDouble),
-    String(CelString<'static>),
+    String(CelString<'a>),
     /// An array or an object, converted once per evaluation.
     Compound(Box<dyn cel::common::value::Val>),
 }
 
-impl Bound {
+impl Bound<'_> {
     fn val(&self) -> &dyn cel::common::value::Val {
         match self {
             Bound::Null(v) => v,
@@ -403,12 +415,12 @@ impl Bound {
 }
 
 /// An expression's fields (CEL names, in `Expr::fields` order) and their values.
-struct Fields<'e> {
+struct Fields<'e, 'a> {
     names: &'e [(String, String)],
-    vals: smallvec::SmallVec<[Bound; 4]>,
+    vals: smallvec::SmallVec<[Bound<'a>; 4]>,
 }
 
-impl cel::context::VariableResolver for Fields<'_> {
+impl cel::context::VariableResolver for Fields<'_, '_> {
     fn resolve<'b>(&'b self, variable: &str) -> Option<cel::common::value::CowVal<'b, 'b>> {
         // The last field of a name wins, as the last `add_variable` did (and Argo's map).
         let i = self.names.iter().rposition(|(n, _)| n == variable)?;

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use sluice_core::Event;
 
 use crate::expr::Expr;
-use crate::json::Doc;
+use crate::json::{Doc, Found};
 use crate::script::Script;
 use crate::tmpl::Tmpl;
 
@@ -439,7 +439,7 @@ fn context_matches(c: &ContextFilterConfig, e: &Event) -> bool {
 /// gjson lookups into one event's data, each path once.
 #[derive(Default)]
 pub(crate) struct Lookups<'a> {
-    done: std::cell::RefCell<smallvec::SmallVec<[(&'a str, gjson::Value<'a>); 4]>>,
+    done: std::cell::RefCell<smallvec::SmallVec<[(&'a str, Found<'a>); 4]>>,
 }
 
 impl<'a> Lookups<'a> {
@@ -457,12 +457,12 @@ pub(crate) struct Lookup<'m, 'a> {
 
 impl<'a> Lookup<'_, 'a> {
     /// `f(gjson::get(data, path))`, each path looked up once. `f` must not look up again.
-    pub(crate) fn with<R>(&self, path: &'a str, f: impl FnOnce(&gjson::Value<'a>) -> R) -> R {
+    pub(crate) fn with<R>(&self, path: &'a str, f: impl FnOnce(&Found<'a>) -> R) -> R {
         let mut done = self.memo.done.borrow_mut();
         let i = match done.iter().position(|(p, _)| *p == path) {
             Some(i) => i,
             None => {
-                done.push((path, self.data.get(path)));
+                done.push((path, self.data.find(path)));
                 done.len() - 1
             }
         };
@@ -475,7 +475,7 @@ impl DataFilter {
         data.with(&self.path, |res| self.check(res))
     }
 
-    fn check(&self, res: &gjson::Value<'_>) -> Result<bool, String> {
+    fn check(&self, res: &Found<'_>) -> Result<bool, String> {
         if !res.exists() {
             return Err(format!(
                 "path {:?} does not exist in the event's data",

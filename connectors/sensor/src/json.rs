@@ -133,6 +133,116 @@ impl<'a> Doc<'a> {
     }
 }
 
+/// What a lookup found: a scalar the plan located, read from its raw JSON without gjson's
+/// parse, or gjson's value. [`Found`]'s readers answer what gjson's do for the same value
+/// (a test compares them on every planned path of a corpus).
+pub(crate) enum Found<'a> {
+    /// A located number, `true`, `false`, `null`, or a string written without escapes (its
+    /// quotes included), exactly as in the document.
+    Raw(&'a str),
+    Value(gjson::Value<'a>),
+}
+
+impl<'a> Found<'a> {
+    pub(crate) fn exists(&self) -> bool {
+        match self {
+            Found::Raw(_) => true,
+            Found::Value(v) => v.exists(),
+        }
+    }
+
+    pub(crate) fn kind(&self) -> gjson::Kind {
+        match self {
+            Found::Raw(raw) => match raw.as_bytes()[0] {
+                b'"' => gjson::Kind::String,
+                b't' => gjson::Kind::True,
+                b'f' => gjson::Kind::False,
+                b'n' => gjson::Kind::Null,
+                _ => gjson::Kind::Number,
+            },
+            Found::Value(v) => v.kind(),
+        }
+    }
+
+    /// gjson's `str`: a string's text, a number's JSON, `true`/`false`, `""` for null.
+    pub(crate) fn str(&self) -> &str {
+        match self {
+            Found::Raw(raw) => match self.kind() {
+                gjson::Kind::String => &raw[1..raw.len() - 1],
+                gjson::Kind::Null => "",
+                _ => raw,
+            },
+            Found::Value(v) => v.str(),
+        }
+    }
+
+    /// gjson's `str` for a string, borrowed from the document.
+    pub(crate) fn raw_str(&self) -> Option<&'a str> {
+        match self {
+            Found::Raw(raw) if raw.starts_with('"') => Some(&raw[1..raw.len() - 1]),
+            _ => None,
+        }
+    }
+
+    /// gjson's `f64`: a number's value, a string's text read as one, 1 for `true`, else 0.
+    pub(crate) fn f64(&self) -> f64 {
+        match self {
+            Found::Raw(_) => match self.kind() {
+                gjson::Kind::True => 1.0,
+                gjson::Kind::String | gjson::Kind::Number => self.str().parse().unwrap_or(0.0),
+                _ => 0.0,
+            },
+            Found::Value(v) => v.f64(),
+        }
+    }
+
+    /// gjson's `bool`.
+    pub(crate) fn bool(&self) -> bool {
+        match self {
+            Found::Raw(raw) => match *raw {
+                "1" | "true" | r#""t""# | r#""1""# | r#""T""# => true,
+                r#""true""# | r#""TRUE""# | r#""True""# => true,
+                "0" | "false" | r#""f""# | r#""0""# | r#""F""# => false,
+                r#""false""# | r#""FALSE""# | r#""False""# => false,
+                // gjson's `i64() != 0`.
+                _ => match self.kind() {
+                    gjson::Kind::True => true,
+                    gjson::Kind::String | gjson::Kind::Number => {
+                        let text = self.str();
+                        text.parse::<i64>()
+                            .unwrap_or_else(|_| text.parse::<f64>().unwrap_or(0.0) as i64)
+                            != 0
+                    }
+                    _ => false,
+                },
+            },
+            Found::Value(v) => v.bool(),
+        }
+    }
+}
+
+impl<'a> Doc<'a> {
+    /// [`Doc::get`], with a scalar the plan located at exactly `path` read from its raw JSON
+    /// ([`Found::Raw`]) instead of parsed by gjson.
+    pub(crate) fn find(&self, path: &'a str) -> Found<'a> {
+        if let Some((plan, located)) = &self.located {
+            if let Some((slot, None)) = plan.find(path) {
+                if let Some(raw) = located.get(slot) {
+                    let scalar = match raw.as_bytes()[0] {
+                        b'{' | b'[' => false,
+                        b'"' => !raw.as_bytes().contains(&b'\\'),
+                        _ => true,
+                    };
+                    if scalar {
+                        return Found::Raw(raw);
+                    }
+                }
+            }
+        }
+        Found::Value(self.get(path))
+    }
+}
+
 /// `rest` looked up inside the raw JSON `value` (`None`: the value itself), when it is there.
 fn inside<'a>(value: &'a str, rest: Option<&'a str>) -> Option<gjson::Value<'a>> {
     let found = match rest {
@@ -589,6 +699,71 @@ mod tests {
             located_somewhere > 100,
             "the plans located {located_somewhere} values"
         );
+    }
+
+    #[test]
+    fn a_located_scalar_reads_as_gjson_reads_it() {
+        // Scalars of every kind, strings that read as numbers and booleans (gjson's `f64` and
+        // `bool` read those), and escaped strings, which gjson unescapes.
+        let docs = [
+            r#"{"v":"A-1"}"#,
+            r#"{"v":""}"#,
+            r#"{"v":"12.5"}"#,
+            r#"{"v":"1e3"}"#,
+            r#"{"v":"-7"}"#,
+            r#"{"v":"x1"}"#,
+            r#"{"v":"t"}"#,
+            r#"{"v":"T"}"#,
+            r#"{"v":"True"}"#,
+            r#"{"v":"FALSE"}"#,
+            r#"{"v":"0"}"#,
+            r#"{"v":"2"}"#,
+            r#"{"v":"0.4"}"#,
+            r#"{"v":"a\"b"}"#,
+            r#"{"v":"\u0041"}"#,
+            r#"{"v":"é ü"}"#,
+            r#"{"v":0}"#,
+            r#"{"v":1}"#,
+            r#"{"v":-0}"#,
+            r#"{"v":2.5}"#,
+            r#"{"v":-1.5e-3}"#,
+            r#"{"v":1E400}"#,
+            r#"{"v":12345678901234567890}"#,
+            r#"{"v":0.5}"#,
+            r#"{"v":true}"#,
+            r#"{"v":false}"#,
+            r#"{"v":null}"#,
+            r#"{"v":[1,"a"]}"#,
+            r#"{"v":{"a":1}}"#,
+            r#"{"w":{"v":"x"}}"#,
+        ];
+        let paths = ["v", "w.v", "v.a", "missing"];
+        let mut raw = 0;
+        for doc in docs.iter().chain(DOCS) {
+            let plans: Vec<Plan> = std::iter::once(Plan::new(paths.iter().copied()))
+                .chain(std::iter::once(Plan::new(PATHS.iter().copied())))
+                .collect();
+            for plan in &plans {
+                let d = Doc::check_with(doc, plan).unwrap_or_else(|| panic!("{doc} is JSON"));
+                for path in paths.iter().chain(PATHS) {
+                    let (a, b) = (d.find(path), gjson::get(doc, path));
+                    let what = format!("{doc} at {path:?}");
+                    if let Found::Raw(_) = a {
+                        raw += 1;
+                    }
+                    assert_eq!(a.exists(), b.exists(), "{what}");
+                    assert!(a.kind() == b.kind(), "{what}");
+                    assert_eq!(a.str(), b.str(), "{what}");
+                    assert_eq!(a.f64().to_bits(), b.f64().to_bits(), "{what}");
+                    assert_eq!(a.bool(), b.bool(), "{what}");
+                    if let Some(text) = a.raw_str() {
+                        assert!(b.kind() == gjson::Kind::String, "{what}");
+                        assert_eq!(text, b.str(), "{what}");
+                    }
+                }
+            }
+        }
+        assert!(raw > 30, "{raw} lookups read a located scalar");
     }
 
     #[test]
