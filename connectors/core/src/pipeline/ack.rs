@@ -114,6 +114,21 @@ pub(crate) struct Unit {
 
 impl Unit {
     pub(crate) fn new(events: usize, dedup: Option<Arc<Dedup>>, origin: Arc<str>) -> Arc<Unit> {
+        Unit::build(events, dedup, origin, None)
+    }
+
+    /// A unit of one processor output, settled by `then`
+    /// ([`super::SourceSender::try_send_to_then`]).
+    pub(crate) fn with_then(origin: Arc<str>, then: Then) -> Arc<Unit> {
+        Unit::build(1, None, origin, Some(then))
+    }
+
+    fn build(
+        events: usize,
+        dedup: Option<Arc<Dedup>>,
+        origin: Arc<str>,
+        then: Option<Then>,
+    ) -> Arc<Unit> {
         let states = (0..events)
             .map(|_| EventState {
                 key: None,
@@ -131,7 +146,7 @@ impl Unit {
                 fired: false,
                 lapsed: false,
                 waker: None,
-                then: None,
+                then,
             }),
             started: Instant::now(),
             dedup,
@@ -298,10 +313,9 @@ impl Unit {
         Self::release(self.lock());
     }
 
-    /// Has `then` called with the outcome, instead of a waiting task woken. Set while the unit
-    /// is being routed (before it can settle).
-    pub(crate) fn set_then(&self, then: Then) {
-        self.lock().then = Some(then);
+    /// Takes back the continuation of a unit that was never queued.
+    pub(crate) fn take_then(&self) -> Option<Then> {
+        self.lock().then.take()
     }
 
     /// One outstanding report fewer; the last one settles the unit and wakes its source, or

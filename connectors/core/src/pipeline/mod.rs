@@ -203,18 +203,22 @@ impl SourceSender {
         if target.stage != self.source {
             return Err((event, then));
         }
-        let unit = Unit::new(1, None, self.name.clone());
+        // The continuation is set as the unit is made: no lock taken for it afterwards.
+        let unit = Unit::with_then(self.name.clone(), then);
         let guard = RoutingGuard::new(unit);
         let q = &self.pipeline.sinks[target.queue];
         match q.try_push(event, &guard.unit, 0) {
             Ok(Pushed::Queued) => {}
             // No delivery holds it: end it here.
             Ok(Pushed::Dropped | Pushed::Failed) => guard.unit.close_event(0),
-            // Nothing was queued: the unit ends here, unseen (no waker, no continuation).
-            Err(event) => return Err((event, then)),
+            // Nothing was queued: the unit ends here, unseen (its continuation taken back
+            // first, so that ending it calls nothing).
+            Err(event) => {
+                let then = guard.unit.take_then().expect("set when the unit was made");
+                return Err((event, then));
+            }
         }
         self.telemetry.received.increment(1);
-        guard.unit.set_then(then);
         guard.finish();
         Ok(())
     }
