@@ -357,7 +357,7 @@ impl Sensor {
 
     /// The dependencies `e` (from stage `origin`) satisfies, each with the event as its
     /// transform made it (`None`: unchanged).
-    fn matches(&self, root: &cel::Context<'_, '_>, origin: &str, e: &Event) -> Matched<Event> {
+    fn matches(&self, root: &cel::Context<'_, '_>, origin: &str, e: &Event) -> Matched<Box<Event>> {
         let Some((cands, plan)) = self.by_origin.get(origin) else {
             return Matched::new();
         };
@@ -382,7 +382,7 @@ impl Sensor {
                     match out {
                         Ok(None) => None,
                         Ok(Some(new)) => {
-                            let mut t = e.clone();
+                            let mut t = Box::new(e.clone());
                             t.datacontenttype = Some("application/json".into());
                             t.data =
                                 sluice_core::Data::from_bytes(new.into(), Some("application/json"));
@@ -396,7 +396,7 @@ impl Sensor {
                     }
                 }
             };
-            let seen = transformed.as_ref().unwrap_or(e);
+            let seen = transformed.as_deref().unwrap_or(e);
             let own;
             let text = match &transformed {
                 // Filters that do not read the data (none, `context`, `time`) do not check it
@@ -937,11 +937,55 @@ struct Firing {
 impl Sensor {
     /// Applies one matched event to every trigger that names one of `matched`, and saves what
     /// changed in one atomic write (before the input is acknowledged).
+    /// The triggers that name one of `matched`, each once, in order.
+    fn triggers_of(&self, matched: &[(usize, Option<Arc<Event>>)]) -> SmallVec<[usize; 4]> {
+        let mut tis: SmallVec<[usize; 4]> = matched
+            .iter()
+            .flat_map(|(d, _)| self.dep_triggers[*d].iter().copied())
+            .collect();
+        tis.sort_unstable();
+        tis.dedup();
+        tis
+    }
+
+    /// Whether every one of `tis` is a pure OR, which keeps nothing: applying an event to them
+    /// reads and writes no state (nor takes its lock).
+    fn all_pure_or(&self, tis: &[usize]) -> bool {
+        tis.iter().all(|&ti| self.triggers[ti].pure_or)
+    }
+
+    /// The run of pure-OR trigger `ti` for a matched event: at once, with the events of the
+    /// dependencies it names that `matched` holds (each the transformed one, if any, else `e`).
+    fn pure_or_firing(
+        &self,
+        ti: usize,
+        e: &Arc<Event>,
+        matched: &[(usize, Option<Arc<Event>>)],
+    ) -> Firing {
+        let events = self.triggers[ti]
+            .deps
+            .iter()
+            .filter_map(|&d| {
+                let (_, t) = matched.iter().find(|(x, _)| *x == d)?;
+                Some((d, t.as_ref().unwrap_or(e).clone()))
+            })
+            .collect();
+        Firing {
+            trigger: ti,
+            events,
+            taken: None,
+        }
+    }
+
+    /// Applies one matched event to the triggers `tis` (those that name one of `matched`:
+    /// [`Sensor::triggers_of`]), and saves what changed in one atomic write (before the input
+    /// is acknowledged).
     fn apply(
         &self,
         state: &mut State,
         e: &Arc<Event>,
         matched: &[(usize, Option<Arc<Event>>)],
+        tis: &[usize],
     ) -> Result<SmallVec<[Firing; 1]>, String> {
         let mut firings = SmallVec::new();
         let event_of = |d: usize| {
@@ -951,36 +995,22 @@ impl Sensor {
                 .and_then(|(_, t)| t.as_ref())
                 .unwrap_or(e)
         };
-        let mut tis: SmallVec<[usize; 4]> = matched
-            .iter()
-            .flat_map(|(d, _)| self.dep_triggers[*d].iter().copied())
-            .collect();
-        tis.sort_unstable();
-        tis.dedup();
         // Read only for the triggers that keep the event (a pure OR fires at once).
-        let now = if tis.iter().all(|&ti| self.triggers[ti].pure_or) {
-            0
-        } else {
-            now_ms()
-        };
+        let now = if self.all_pure_or(tis) { 0 } else { now_ms() };
         let persistent = state.persistent();
         let mut w = Writes::default();
-        for ti in tis {
+        for &ti in tis {
             let tr = &self.triggers[ti];
+            if tr.pure_or {
+                firings.push(self.pure_or_firing(ti, e, matched));
+                continue;
+            }
             let mine: SmallVec<[usize; 4]> = tr
                 .deps
                 .iter()
                 .copied()
                 .filter(|d| matched.iter().any(|(x, _)| x == d))
                 .collect();
-            if tr.pure_or {
-                firings.push(Firing {
-                    trigger: ti,
-                    events: mine.iter().map(|&d| (d, event_of(d).clone())).collect(),
-                    taken: None,
-                });
-                continue;
-            }
             let key = match &tr.correlate {
                 None => String::new(),
                 Some(path) => {
@@ -1110,14 +1140,15 @@ impl Outs {
 }
 
 /// The dependencies an event satisfies, each with the event its transform made (`None`: the
-/// event unchanged); inline for the usual one or two, so that no event allocates a list.
+/// event unchanged); inline for the usual one or two, so that no event allocates a list, and
+/// with a made event behind a pointer, so that the list is small to move.
 type Matched<E> = SmallVec<[(usize, Option<E>); 2]>;
 
 /// The matched dependencies with their transformed events shared.
-fn shared(matched: Matched<Event>) -> Matched<Arc<Event>> {
+fn shared(matched: Matched<Box<Event>>) -> Matched<Arc<Event>> {
     matched
         .into_iter()
-        .map(|(d, t)| (d, t.map(Arc::new)))
+        .map(|(d, t)| (d, t.map(Arc::from)))
         .collect()
 }
 
@@ -1365,9 +1396,15 @@ impl Run {
         // Shared from here: the firings and the saved partial matches hold it, not copies.
         let event: Arc<Event> = Arc::from(event);
         let matched = shared(matched);
-        let firings = {
+        let tis = self.sensor.triggers_of(&matched);
+        let firings = if self.sensor.all_pure_or(&tis) {
+            Ok(tis
+                .iter()
+                .map(|&ti| self.sensor.pure_or_firing(ti, &event, &matched))
+                .collect())
+        } else {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            self.sensor.apply(&mut st, &event, &matched)
+            self.sensor.apply(&mut st, &event, &matched, &tis)
         };
         let firings = match firings {
             Ok(f) => f,
@@ -1635,9 +1672,10 @@ impl Bench {
         }
         let matched = shared(matched);
         let e = &Arc::new(e.clone());
+        let tis = self.sensor.triggers_of(&matched);
         let firings = self
             .sensor
-            .apply(&mut self.state, e, &matched)
+            .apply(&mut self.state, e, &matched, &tis)
             .unwrap_or_default();
         let errors = firings
             .iter()
