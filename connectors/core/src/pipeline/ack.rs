@@ -72,7 +72,7 @@ impl Outcome {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct EventState {
     /// The dedup key this event recorded, with the time it was recorded at (duplicates record
     /// nothing).
@@ -129,13 +129,12 @@ impl Unit {
         origin: Arc<str>,
         then: Option<Then>,
     ) -> Arc<Unit> {
-        let states = (0..events)
-            .map(|_| EventState {
-                key: None,
-                pending: 0,
-                status: Status::Delivered,
-            })
-            .collect();
+        let fresh = EventState {
+            key: None,
+            pending: 0,
+            status: Status::Delivered,
+        };
+        let states = smallvec::SmallVec::from_elem(fresh, events);
         Arc::new(Unit {
             state: Mutex::new(UnitState {
                 events: states,
@@ -419,6 +418,9 @@ impl Drop for RoutingGuard {
                     Some("the pipeline did not accept the event in time".into()),
                 );
             }
+            // A continuation is never called for a unit whose routing did not finish (a panic
+            // while it was queued): dropped uncalled, what it would settle counts as failed.
+            drop(self.unit.take_then());
             self.unit.end_routing();
         }
     }
