@@ -357,7 +357,7 @@ impl Sensor {
 
     /// The dependencies `e` (from stage `origin`) satisfies, each with the event as its
     /// transform made it (`None`: unchanged).
-    fn matches(&self, root: &cel::Context<'_, '_>, origin: &str, e: &Event) -> Matched<Box<Event>> {
+    fn matches(&self, root: &cel::Context<'_, '_>, origin: &str, e: &Event) -> Matched<Arc<Event>> {
         let Some((cands, plan)) = self.by_origin.get(origin) else {
             return Matched::new();
         };
@@ -382,11 +382,11 @@ impl Sensor {
                     match out {
                         Ok(None) => None,
                         Ok(Some(new)) => {
-                            let mut t = Box::new(e.clone());
+                            let mut t = e.clone();
                             t.datacontenttype = Some("application/json".into());
                             t.data =
                                 sluice_core::Data::from_bytes(new.into(), Some("application/json"));
-                            Some(t)
+                            Some(Arc::new(t))
                         }
                         Err(err) => {
                             dep.errors.increment(1);
@@ -469,7 +469,7 @@ impl Sensor {
 
     /// The events the trigger sends for the events `have` (one per satisfied dependency).
     /// A trigger that [forwards](Trigger::forwards) sends copies of them; a direct run takes
-    /// them instead ([`Run::forwarded`]).
+    /// them instead ([`Run::fire_direct`]).
     fn outputs(&self, tr: &Trigger, have: &[(usize, Arc<Event>)]) -> Result<Vec<Event>, String> {
         let by_dep = |d: usize| have.iter().find(|(x, _)| *x == d).map(|(_, e)| &**e);
         // Each event's data checked as JSON once for all the parameters that read it, not once
@@ -935,8 +935,6 @@ struct Firing {
 }
 
 impl Sensor {
-    /// Applies one matched event to every trigger that names one of `matched`, and saves what
-    /// changed in one atomic write (before the input is acknowledged).
     /// The triggers that name one of `matched`, each once, in order.
     fn triggers_of(&self, matched: &[(usize, Option<Arc<Event>>)]) -> SmallVec<[usize; 4]> {
         let mut tis: SmallVec<[usize; 4]> = matched
@@ -1140,17 +1138,9 @@ impl Outs {
 }
 
 /// The dependencies an event satisfies, each with the event its transform made (`None`: the
-/// event unchanged); inline for the usual one or two, so that no event allocates a list, and
-/// with a made event behind a pointer, so that the list is small to move.
+/// event unchanged), shared: the firings and the saved partial matches hold it, not copies.
+/// Inline for the usual one or two, so that no event allocates a list.
 type Matched<E> = SmallVec<[(usize, Option<E>); 2]>;
-
-/// The matched dependencies with their transformed events shared.
-fn shared(matched: Matched<Box<Event>>) -> Matched<Arc<Event>> {
-    matched
-        .into_iter()
-        .map(|(d, t)| (d, t.map(Arc::from)))
-        .collect()
-}
 
 /// A leaky bucket: one run per `interval`, waiting (bounded by the window) when ahead.
 struct Limiter {
@@ -1395,7 +1385,6 @@ impl Run {
         }
         // Shared from here: the firings and the saved partial matches hold it, not copies.
         let event: Arc<Event> = Arc::from(event);
-        let matched = shared(matched);
         let tis = self.sensor.triggers_of(&matched);
         let firings = if self.sensor.all_pure_or(&tis) {
             Ok(tis
@@ -1413,9 +1402,11 @@ impl Run {
                 return delivery.failed(format!("sensor {}: state store: {e}", self.sensor.name));
             }
         };
-        // The firings and the saved partial matches hold it where it is needed; without this
-        // hold, a direct run that forwards it can take it instead of copying it.
+        // The firings and the saved partial matches hold the event (and a transformed one)
+        // where it is needed; without these holds, a direct run that forwards it can take it
+        // instead of copying it.
         drop(event);
+        drop(matched);
         // The runs an at-least-once input waits for, as what starts them: each run's future is
         // made inside the one box the window holds (a run's future is several KiB; made here
         // and moved into a list, out of it, into the settling future and into its box, it was
@@ -1670,7 +1661,6 @@ impl Bench {
         if matched.is_empty() {
             return (0, 0);
         }
-        let matched = shared(matched);
         let e = &Arc::new(e.clone());
         let tis = self.sensor.triggers_of(&matched);
         let firings = self
