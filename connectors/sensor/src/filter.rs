@@ -361,6 +361,7 @@ impl Filters {
                 }),
                 2 => Ok(self.context.as_ref().is_none_or(|c| context_matches(c, e))),
                 3 => self.time.as_ref().map_or(Ok(true), |t| t.eval(e)),
+                // 4: `script` (the test `families_are_argos_in_argos_order` holds the order).
                 _ => data().and_then(|d| match (d, &self.script) {
                     (Some(d), Some(s)) => s.filter(d.text.as_bytes()),
                     _ => Ok(true),

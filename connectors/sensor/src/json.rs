@@ -722,6 +722,13 @@ mod tests {
             r#"{"v":"a\"b"}"#,
             r#"{"v":"\u0041"}"#,
             r#"{"v":"é ü"}"#,
+            r#"{"v":"NaN"}"#,
+            r#"{"v":"inf"}"#,
+            r#"{"v":"+1"}"#,
+            r#"{"v":" 1"}"#,
+            r#"{"v":"0x10"}"#,
+            r#"{"v":"1.0"}"#,
+            r#"{"v":"-0"}"#,
             r#"{"v":0}"#,
             r#"{"v":1}"#,
             r#"{"v":-0}"#,
@@ -738,6 +745,15 @@ mod tests {
             r#"{"w":{"v":"x"}}"#,
         ];
         let paths = ["v", "w.v", "v.a", "missing"];
+        // A scalar at `v` without an escape is read raw.
+        let only_v = Plan::new(["v"]);
+        for doc in docs {
+            let d = Doc::check_with(doc, &only_v).unwrap();
+            let scalar =
+                !doc.contains('\\') && !doc.contains("\"v\":[") && !doc.contains("\"v\":{");
+            let is_raw = matches!(d.find("v"), Found::Raw(_));
+            assert_eq!(is_raw, scalar && doc.starts_with("{\"v\""), "{doc}");
+        }
         let mut raw = 0;
         for doc in docs.iter().chain(DOCS) {
             let plans: Vec<Plan> = std::iter::once(Plan::new(paths.iter().copied()))

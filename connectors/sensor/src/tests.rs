@@ -390,6 +390,16 @@ fn at(t: &str) -> Event {
     Event::new("1", "webhook-gateway", "webhook").with_time(Timestamp::parse(t).unwrap())
 }
 
+// Argo's filterEvent evaluates the families in this order, and `Filters::eval` dispatches on
+// the position in `FAMILIES` (its last arm is `script`), so the order is part of the behaviour.
+#[test]
+fn families_are_argos_in_argos_order() {
+    assert_eq!(
+        crate::filter::FAMILIES,
+        ["exprs", "data", "context", "time", "script"]
+    );
+}
+
 // filter_ctx_test.go :: TestFilterContext, filter_time_test.go :: TestFilterTime and
 // TestFilterTimeWithTimezone
 #[test]
