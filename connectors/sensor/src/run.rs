@@ -484,7 +484,7 @@ impl Sensor {
             p.resolve_with(e, text)
         };
         let mut outs = if tr.payload.is_empty() {
-            have.iter().map(|(_, e)| Event::clone(e)).collect()
+            copies(have)
         } else {
             let mut doc = serde_json::Value::Null;
             for p in &tr.payload {
@@ -1132,9 +1132,14 @@ impl Outs {
     fn copied(self, f: &Firing) -> Vec<Event> {
         match self {
             Outs::Built(v) => v,
-            Outs::Forward => f.events.iter().map(|(_, e)| Event::clone(e)).collect(),
+            Outs::Forward => copies(&f.events),
         }
     }
+}
+
+/// What a trigger that [forwards](Trigger::forwards) sends for the events `have`: copies of them.
+fn copies(have: &[(usize, Arc<Event>)]) -> Vec<Event> {
+    have.iter().map(|(_, e)| Event::clone(e)).collect()
 }
 
 /// The dependencies an event satisfies, each with the event its transform made (`None`: the
