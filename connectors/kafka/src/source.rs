@@ -488,8 +488,9 @@ struct Record {
     millis: Option<i64>,
     headers: Vec<(Box<str>, Bytes)>,
     /// `format: argo`: when the record was read (the event's time), so that a retry carries
-    /// the same time.
-    received: Option<Timestamp>,
+    /// the same time. Boxed: a record is moved between the take and its unit, and the plain
+    /// format, which has no use for it, would carry its 48 bytes at every move.
+    received: Option<Box<Timestamp>>,
 }
 
 impl Record {
@@ -609,6 +610,36 @@ fn same_name(m: &BorrowedMessage<'_>, name: &str) -> bool {
     held.to_bytes() == name.as_bytes()
 }
 
+/// Tracks a run of one partition's records, in order, in the partition's watermark. The
+/// records stay where the run holds them (each move of one copies about 150 bytes): those from
+/// the first that finds the watermark full on are split off and returned, to be parked, with
+/// `true`; positions already tracked (a redelivery) are taken out.
+fn track(wm: &mut Watermark, records: &mut Vec<Record>) -> (Vec<Record>, bool) {
+    let mut tracked = Vec::new();
+    let mut full = None;
+    for (i, record) in records.iter().enumerate() {
+        match wm.push(record.offset as u64) {
+            Ok(true) => {}
+            Ok(false) => tracked.push(i),
+            Err(_) => {
+                full = Some(i);
+                break;
+            }
+        }
+    }
+    let back = full.map(|i| records.split_off(i)).unwrap_or_default();
+    if !tracked.is_empty() {
+        let mut i = 0;
+        let mut next = tracked.iter().peekable();
+        records.retain(|_| {
+            let known = next.next_if_eq(&&i).is_some();
+            i += 1;
+            !known
+        });
+    }
+    (back, full.is_some())
+}
+
 struct KafkaSource {
     name: String,
     consumer: Closing,
@@ -656,7 +687,12 @@ impl KafkaSource {
             data.push(b'}');
             return Ok(Event::new(id, &*self.source, &*self.ty)
                 .with_subject(&*self.name)
-                .with_time(r.received.clone().unwrap_or_else(Timestamp::now))
+                .with_time(
+                    r.received
+                        .as_deref()
+                        .cloned()
+                        .unwrap_or_else(Timestamp::now),
+                )
                 .with_json(data));
         }
         let is_ce = headers.iter().any(|(k, v)| {
@@ -770,11 +806,9 @@ impl KafkaSource {
     ) -> (Vec<Record>, u64) {
         let Run {
             tp,
-            records,
+            records: mut kept,
             generation: read_under,
         } = run;
-        let n = records.len();
-        let mut kept = Vec::with_capacity(n);
         let mut back = Vec::new();
         let mut pause = false;
         let generation = {
@@ -788,20 +822,11 @@ impl KafkaSource {
                 // back) reads them again from the commit.
                 return (back, 0);
             };
-            for record in records {
-                if !back.is_empty() {
-                    back.push(record);
-                    continue;
-                }
-                match part.wm.push(record.offset as u64) {
-                    Ok(true) => kept.push(record),
-                    Ok(false) => {} // a position already tracked
-                    Err(_) => {
-                        pause = !part.paused;
-                        part.paused = true;
-                        back.push(record);
-                    }
-                }
+            let (parked, hit) = track(&mut part.wm, &mut kept);
+            back = parked;
+            if hit {
+                pause = !part.paused;
+                part.paused = true;
             }
             part.generation
         };
@@ -1061,7 +1086,7 @@ impl KafkaSource {
         }
         let mut record = Record::read(m, topic.clone());
         if self.format == SourceFormat::Argo {
-            record.received = Some(Timestamp::now());
+            record.received = Some(Box::new(Timestamp::now()));
         }
         record
     }
@@ -1281,6 +1306,43 @@ mod tests {
             "brokers": "127.0.0.1:9092", "group": "g", "topics": ["t"], "properties": properties,
         }))
         .unwrap()
+    }
+
+    fn record(offset: i64) -> Record {
+        Record {
+            tp: (Arc::from("t"), 0),
+            offset,
+            key: None,
+            payload: None,
+            millis: None,
+            headers: Vec::new(),
+            received: None,
+        }
+    }
+
+    fn offsets(records: &[Record]) -> Vec<i64> {
+        records.iter().map(|r| r.offset).collect()
+    }
+
+    #[test]
+    fn a_run_keeps_new_positions_drops_known_ones_and_splits_off_at_a_full_watermark() {
+        let mut wm = Watermark::new(5);
+        let mut run: Vec<Record> = [3, 4, 5].map(record).into();
+        let (back, full) = track(&mut wm, &mut run);
+        assert_eq!((offsets(&run), back.len(), full), (vec![3, 4, 5], 0, false));
+        // 4 and 5 again (a redelivery) are taken out; 6 and 7 are new; 8 finds the bound of 5
+        // positions reached, so it and what follows it are returned to park, in order.
+        let mut run: Vec<Record> = [4, 5, 6, 7, 8, 9].map(record).into();
+        let (back, full) = track(&mut wm, &mut run);
+        assert_eq!(offsets(&run), [6, 7]);
+        assert_eq!((offsets(&back), full), (vec![8, 9], true));
+        // Known positions between new ones, nothing full.
+        let mut wm = Watermark::new(100);
+        let mut run: Vec<Record> = [10, 11].map(record).into();
+        track(&mut wm, &mut run);
+        let mut run: Vec<Record> = [10, 12, 11, 13].map(record).into();
+        let (back, full) = track(&mut wm, &mut run);
+        assert_eq!((offsets(&run), back.len(), full), (vec![12, 13], 0, false));
     }
 
     #[test]
