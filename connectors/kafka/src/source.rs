@@ -640,17 +640,16 @@ fn track(wm: &mut Watermark, records: &mut Vec<Record>) -> (Vec<Record>, bool) {
     (back, full.is_some())
 }
 
-/// The most of a payload [`prefetch`] asks for, line by line: enough for the usual record,
-/// and a bound so that a large one does not crowd the first level cache ahead of its copy.
-/// Asking for the first 256 bytes only saved nothing measurable: the hardware's own prefetcher
-/// did not carry on through the rest.
+/// The most of a payload [`prefetch`] asks for, line by line: enough for the usual record, and
+/// a bound so that a large payload's prefetch stays small against the first-level cache.
+/// Asking for the first 256 bytes only saved nothing measurable (docs/benchmarks.md).
 const PREFETCH_LIMIT: usize = 2048;
 
 /// Asks the CPU to bring the first [`PREFETCH_LIMIT`] bytes of a payload into its cache ahead
 /// of their copy: a hint, with no effect where it is not supported. A payload lies in
 /// librdkafka's fetch buffer, written by its broker thread a while before, and copying it out
-/// of cold memory was about a tenth of the source's CPU time; asked for one record ahead, most
-/// of that goes (docs/benchmarks.md, bus sources).
+/// of cold memory was 15–17 % of the source thread's samples in a `perf` profile; asked for
+/// one record ahead, about 4 % (docs/benchmarks.md, bus sources).
 fn prefetch(bytes: Option<&[u8]>) {
     #[cfg(target_arch = "x86_64")]
     if let Some(b) = bytes {
