@@ -6,6 +6,7 @@ pub mod argo;
 pub mod contract;
 pub mod event;
 pub mod format;
+pub mod hint;
 pub mod http_binding;
 pub mod json;
 pub mod kafka_binding;

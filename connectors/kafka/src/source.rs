@@ -640,34 +640,14 @@ fn track(wm: &mut Watermark, records: &mut Vec<Record>) -> (Vec<Record>, bool) {
     (back, full.is_some())
 }
 
-/// The most of a payload [`prefetch`] asks for, line by line: enough for the usual record, and
-/// a bound so that a large payload's prefetch stays small against the first-level cache.
-/// Asking for the first 256 bytes only saved nothing measurable (docs/benchmarks.md).
+/// The most of a payload the take loop asks the CPU to bring into its cache ahead of the copy
+/// ([`sluice_core::hint::prefetch_bytes`]), line by line: enough for the usual record, and a
+/// bound so that a large payload's prefetch stays small against the first-level cache. A
+/// payload lies in librdkafka's fetch buffer, written by its broker thread a while before, and
+/// copying it out of cold memory was 15–17 % of the source thread's samples in a `perf`
+/// profile; asked for one record ahead, about 4 %. Asking for the first 256 bytes only saved
+/// nothing measurable (docs/benchmarks.md, bus sources).
 const PREFETCH_LIMIT: usize = 2048;
-
-/// Asks the CPU to bring the first [`PREFETCH_LIMIT`] bytes of a payload into its cache ahead
-/// of their copy: a hint, with no effect where it is not supported. A payload lies in
-/// librdkafka's fetch buffer, written by its broker thread a while before, and copying it out
-/// of cold memory was 15–17 % of the source thread's samples in a `perf` profile; asked for
-/// one record ahead, about 4 % (docs/benchmarks.md, bus sources).
-fn prefetch(bytes: Option<&[u8]>) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(b) = bytes {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let (start, len) = (b.as_ptr(), b.len().min(PREFETCH_LIMIT) as isize);
-        // Each 64-byte line from the first byte's to the last one's, stepped from the start of
-        // the first byte's line (the payload need not be aligned).
-        let mut at = -((start as usize % 64) as isize);
-        while at < len {
-            // SAFETY: SSE is part of x86_64's baseline, and a prefetch only hints: it reads
-            // nothing into the program and cannot fault, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_offset(at).cast()) };
-            at += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
-}
 
 struct KafkaSource {
     name: String,
@@ -838,9 +818,7 @@ impl KafkaSource {
             records: mut kept,
             generation: read_under,
         } = run;
-        let mut back = Vec::new();
-        let mut pause = false;
-        let generation = {
+        let (generation, back, pause) = {
             let mut s = self.shared.lock().unwrap_or_else(|x| x.into_inner());
             let Some(part) = s
                 .parts
@@ -849,15 +827,13 @@ impl KafkaSource {
             else {
                 // Revoked meanwhile: the new owner (this member again, if it got the partition
                 // back) reads them again from the commit.
-                return (back, 0);
+                return (Vec::new(), 0);
             };
-            let (parked, hit) = track(&mut part.wm, &mut kept);
-            back = parked;
-            if hit {
-                pause = !part.paused;
-                part.paused = true;
-            }
-            part.generation
+            let (back, full) = track(&mut part.wm, &mut kept);
+            // Paused once, by the run that first finds the watermark full.
+            let pause = full && !part.paused;
+            part.paused |= full;
+            (part.generation, back, pause)
         };
         if pause {
             self.pause(&tp, true);
@@ -1243,8 +1219,8 @@ impl KafkaSource {
                             } else {
                                 None
                             };
-                            if let Some(Ok(n)) = &next {
-                                prefetch(n.payload());
+                            if let Some(p) = next.as_ref().and_then(|n| n.as_ref().ok()?.payload()) {
+                                sluice_core::hint::prefetch_bytes(p, PREFETCH_LIMIT);
                             }
                             let record = self.take(&m, &mut topic);
                             drop(m);
