@@ -81,16 +81,16 @@ pub fn decode(props: &BasicProperties, body: Bytes) -> Result<Event, EventError>
             })?;
             match attr {
                 "specversion" => specversion = Some(s),
-                "id" => e.id = s,
-                "source" => e.source = s,
-                "type" => e.ty = s,
-                "subject" => e.subject = Some(s),
+                "id" => e.id = s.into(),
+                "source" => e.source = s.into(),
+                "type" => e.ty = s.into(),
+                "subject" => e.subject = Some(s.into()),
                 "dataschema" => e.dataschema = Some(s),
                 "time" => e.time = Some(Timestamp::parse(&s)?),
                 "datacontenttype" => {}
                 ext => {
                     if e.extension(ext).is_none() {
-                        e.extensions.push((ext.to_owned(), ExtValue::String(s)));
+                        e.extensions.push((ext.into(), ExtValue::String(s.into())));
                     }
                 }
             }
@@ -262,7 +262,7 @@ mod tests {
     #[test]
     fn values_longer_than_a_short_string_are_left_out_or_refused_not_a_panic() {
         let mut e = event();
-        e.id = "i".repeat(300);
+        e.id = "i".repeat(300).into();
         for mode in [Mode::Binary, Mode::Structured] {
             let (props, body) = encode(&e, mode, true).unwrap();
             assert!(props.message_id().is_none(), "{mode:?}");
@@ -275,7 +275,7 @@ mod tests {
         assert!(err.contains("datacontenttype is 320 bytes"), "{err}");
         let mut e = event();
         e.extensions
-            .push(("x".repeat(250), ExtValue::String("v".into())));
+            .push(("x".repeat(250).into(), ExtValue::String("v".into())));
         assert!(encode(&e, Mode::Binary, true)
             .unwrap_err()
             .contains("a header name"));

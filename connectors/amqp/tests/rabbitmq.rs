@@ -281,7 +281,7 @@ async fn messages_in_flight_when_the_source_dies_are_delivered_after_it_restarts
     let (mut rig2, _task2) = start_source("amqp-kill-2", cfg).await;
     let got = rig2.capture().auto(Status::Delivered);
     let events = got.wait_for(4).await;
-    let ids: BTreeSet<String> = events.iter().map(|e| e.id.clone()).collect();
+    let ids: BTreeSet<String> = events.iter().map(|e| e.id.to_string()).collect();
     assert_eq!(ids, (1..5).map(|i| format!("j-{i}")).collect());
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(got.len(), 4, "the acknowledged one is not delivered again");
@@ -320,7 +320,7 @@ async fn a_dropped_connection_is_reopened_and_nothing_is_lost() {
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let ids: BTreeSet<String> = got.events().iter().map(|e| e.id.clone()).collect();
+        let ids: BTreeSet<String> = got.events().iter().map(|e| e.id.to_string()).collect();
         if ids.len() == 200 {
             break;
         }

@@ -121,7 +121,7 @@ pub(crate) fn add_extensions(e: &mut Event, attrs: &[(String, Attr)]) {
             tracing::debug!(attribute = %k, "message attribute not mapped to an extension (its name is reserved or not a valid extension name)");
             continue;
         }
-        e.extensions.push((name, ExtValue::String(text(a))));
+        e.extensions.push((name, ExtValue::String(text(a).into())));
     }
 }
 

@@ -206,7 +206,7 @@ impl PartialEq for Timestamp {
 /// CloudEvents types (binary, URI, timestamp) travel as their canonical strings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExtValue {
-    String(String),
+    String(Str),
     Integer(i32),
     Boolean(bool),
 }
@@ -215,7 +215,7 @@ impl ExtValue {
     /// The canonical string form, as used by binary-mode headers.
     pub fn to_canonical(&self) -> std::borrow::Cow<'_, str> {
         match self {
-            ExtValue::String(s) => std::borrow::Cow::Borrowed(s),
+            ExtValue::String(s) => std::borrow::Cow::Borrowed(s.as_str()),
             ExtValue::Integer(i) => std::borrow::Cow::Owned(i.to_string()),
             ExtValue::Boolean(b) => std::borrow::Cow::Borrowed(if *b { "true" } else { "false" }),
         }
@@ -250,12 +250,18 @@ impl fmt::Display for ExtValue {
 
 impl From<&str> for ExtValue {
     fn from(s: &str) -> Self {
-        ExtValue::String(s.to_owned())
+        ExtValue::String(Str::new(s))
     }
 }
 
 impl From<String> for ExtValue {
     fn from(s: String) -> Self {
+        ExtValue::String(s.into())
+    }
+}
+
+impl From<Str> for ExtValue {
+    fn from(s: Str) -> Self {
         ExtValue::String(s)
     }
 }
@@ -355,20 +361,47 @@ pub fn is_json_media_type(ct: &str) -> bool {
             || sub.len() > 5 && sub.as_bytes()[sub.len() - 5..].eq_ignore_ascii_case(b"+json"))
 }
 
+/// The text of an event's `id`, `source`, `type`, `subject` and extensions (names and string
+/// values): held inline up to 24 bytes (most sources' names and types, a topic as subject,
+/// `<topic>-<partition>-<offset>` ids, `partitionkey` and most keys) and on the heap past
+/// that. Held as `String`s, each was an allocation and a free per event (docs/decisions.md,
+/// "Event attributes are compact strings").
+pub type Str = compact_str::CompactString;
+
+/// `parts` joined into one [`Str`], on the stack when the result fits inline: building it with
+/// `push_str` and `push` re-check the representation at every call (about 340 instructions
+/// for a Kafka record's `<topic>-<partition>-<offset>`, more than the allocation it saves).
+pub fn join_str(parts: &[&str]) -> Str {
+    const INLINE: usize = std::mem::size_of::<Str>();
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    if len > INLINE {
+        return Str::from(parts.concat());
+    }
+    let mut buf = [0u8; INLINE];
+    let mut at = 0;
+    for p in parts {
+        buf[at..at + p.len()].copy_from_slice(p.as_bytes());
+        at += p.len();
+    }
+    // SAFETY: `buf[..len]` is whole `str`s one after the other, so it is UTF-8. (Checking it
+    // again cost about 100 instructions for a 17-byte Kafka id.)
+    unsafe { Str::from_utf8_unchecked(&buf[..len]) }
+}
+
 /// A CloudEvent 1.0. Build one with [`Event::new`] and the setters, or decode one with the
 /// [`crate::format`] and [`crate::http_binding`] modules; call [`Event::validate`] on anything
 /// built from untrusted parts.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
-    pub id: String,
-    pub source: String,
-    pub ty: String,
+    pub id: Str,
+    pub source: Str,
+    pub ty: Str,
     pub datacontenttype: Option<String>,
     pub dataschema: Option<String>,
-    pub subject: Option<String>,
+    pub subject: Option<Str>,
     pub time: Option<Timestamp>,
     /// Extension attributes in arrival order; names are unique.
-    pub extensions: Vec<(String, ExtValue)>,
+    pub extensions: Vec<(Str, ExtValue)>,
     pub data: Data,
 }
 
@@ -380,7 +413,7 @@ impl Event {
         crate::pipeline::dedup::dedup_key(&self.source, &self.id)
     }
 
-    pub fn new(id: impl Into<String>, source: impl Into<String>, ty: impl Into<String>) -> Self {
+    pub fn new(id: impl Into<Str>, source: impl Into<Str>, ty: impl Into<Str>) -> Self {
         Event {
             id: id.into(),
             source: source.into(),
@@ -394,7 +427,7 @@ impl Event {
         }
     }
 
-    pub fn with_subject(mut self, subject: impl Into<String>) -> Self {
+    pub fn with_subject(mut self, subject: impl Into<Str>) -> Self {
         self.subject = Some(subject.into());
         self
     }
@@ -425,7 +458,7 @@ impl Event {
     }
 
     /// Sets (or replaces) an extension attribute. The name is checked by [`Event::validate`].
-    pub fn set_extension(&mut self, name: impl Into<String>, value: impl Into<ExtValue>) {
+    pub fn set_extension(&mut self, name: impl Into<Str>, value: impl Into<ExtValue>) {
         let name = name.into();
         let value = value.into();
         match self.extensions.iter_mut().find(|(n, _)| *n == name) {
@@ -441,7 +474,7 @@ impl Event {
             + self.ty.len()
             + self.datacontenttype.as_ref().map_or(0, String::len)
             + self.dataschema.as_ref().map_or(0, String::len)
-            + self.subject.as_ref().map_or(0, String::len)
+            + self.subject.as_ref().map_or(0, |s| s.len())
             + self.time.as_ref().map_or(0, Timestamp::text_len)
             + self
                 .extensions
@@ -550,7 +583,7 @@ pub fn check_source_and_type(source: &str, ty: &str) -> Result<(), String> {
 
 /// The extension name a header (HTTP, Kafka, ...) maps to: its ASCII letters and digits in
 /// lowercase (`X-Request-Id` → `xrequestid`). Check the result with [`check_extension_name`].
-pub fn extension_name_from(header: &str) -> String {
+pub fn extension_name_from(header: &str) -> Str {
     header
         .chars()
         .filter(char::is_ascii_alphanumeric)
@@ -623,9 +656,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn joined_strs_are_inline_up_to_24_bytes_and_whole_past_them() {
+        let short = join_str(&["orders", "-", "12", "-", "34567890"]);
+        assert_eq!(short, "orders-12-34567890");
+        assert!(!short.is_heap_allocated());
+        let exact = join_str(&["a".repeat(20).as_str(), "-", "1", "-", "2"]);
+        assert_eq!(exact.len(), 24);
+        assert!(!exact.is_heap_allocated());
+        let long = join_str(&["a-topic-with-a-long-name", "-", "7", "-", "99"]);
+        assert_eq!(long, "a-topic-with-a-long-name-7-99");
+        assert_eq!(join_str(&[]), "");
+        assert_eq!(join_str(&["é", "ü"]), "éü");
+    }
+
+    #[test]
     fn canonical_len_is_the_canonical_texts_length() {
         let values = [
-            ExtValue::String(String::new()),
+            ExtValue::String(Str::default()),
             ExtValue::String("héllo".into()),
             ExtValue::Boolean(true),
             ExtValue::Boolean(false),
@@ -668,7 +715,7 @@ mod tests {
         let mut e = minimal();
         e.extensions = names
             .iter()
-            .map(|n| (n.clone(), ExtValue::Integer(1)))
+            .map(|n| (n.into(), ExtValue::Integer(1)))
             .collect();
         e.validate().unwrap();
         e.extensions.push(("e99999".into(), ExtValue::Integer(2)));

@@ -279,15 +279,15 @@ fn event_from_members(input: &Bytes, mut members: Members<'_>) -> Result<Event, 
                 )))
             }
         };
-        extensions.push((name.into_owned(), value));
+        extensions.push((name.into(), value));
     }
     let event = Event {
-        id,
-        source,
-        ty,
+        id: id.into(),
+        source: source.into(),
+        ty: ty.into(),
         datacontenttype,
         dataschema,
-        subject,
+        subject: subject.map(Into::into),
         time,
         extensions,
         data,
@@ -655,8 +655,8 @@ mod tests {
         assert_eq!(
             e.extensions,
             vec![
-                ("ext".to_owned(), ExtValue::String("b".into())),
-                ("other".to_owned(), ExtValue::Integer(1)),
+                ("ext".into(), ExtValue::String("b".into())),
+                ("other".into(), ExtValue::Integer(1)),
             ]
         );
         assert_eq!(e.data.as_bytes().unwrap().as_ref(), br#"{"k":1}"#);

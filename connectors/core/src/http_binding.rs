@@ -8,7 +8,9 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use percent_encoding::{percent_decode, utf8_percent_encode, AsciiSet, CONTROLS};
 
-use crate::event::{check_media_type, Data, Event, EventError, ExtValue, Timestamp, SPEC_VERSION};
+use crate::event::{
+    check_media_type, Data, Event, EventError, ExtValue, Str, Timestamp, SPEC_VERSION,
+};
 use crate::format::{self, BATCH_CONTENT_TYPE, STRUCTURED_CONTENT_TYPE};
 
 /// How an event travels over HTTP.
@@ -153,7 +155,7 @@ pub fn encode_header_value(value: &str) -> HeaderValue {
 
 /// Decodes a binary-mode event from its headers and body.
 pub fn decode_binary(headers: &HeaderMap, body: Bytes) -> Result<Event, EventError> {
-    let mut event = Event::new(String::new(), String::new(), String::new());
+    let mut event = Event::new(Str::default(), Str::default(), Str::default());
     let mut specversion = None;
     let mut seen = (false, false, false);
     for (name, value) in headers {
@@ -163,9 +165,9 @@ pub fn decode_binary(headers: &HeaderMap, body: Bytes) -> Result<Event, EventErr
         let v = decode_header_value(name.as_str(), value)?;
         match attr {
             "specversion" => specversion = Some(v),
-            "id" => (event.id, seen.0) = (v, true),
-            "source" => (event.source, seen.1) = (v, true),
-            "type" => (event.ty, seen.2) = (v, true),
+            "id" => (event.id, seen.0) = (v.into(), true),
+            "source" => (event.source, seen.1) = (v.into(), true),
+            "type" => (event.ty, seen.2) = (v.into(), true),
             "datacontenttype" => {
                 // The binding carries the content type in Content-Type; tolerate the header
                 // only when Content-Type is absent.
@@ -174,13 +176,15 @@ pub fn decode_binary(headers: &HeaderMap, body: Bytes) -> Result<Event, EventErr
                 }
             }
             "dataschema" => event.dataschema = Some(v),
-            "subject" => event.subject = Some(v),
+            "subject" => event.subject = Some(v.into()),
             "time" => event.time = Some(Timestamp::parse(&v)?),
             ext => {
                 if event.extension(ext).is_some() {
                     return Err(EventError(format!("header ce-{ext} appears twice")));
                 }
-                event.extensions.push((ext.to_owned(), ExtValue::String(v)));
+                event
+                    .extensions
+                    .push((ext.into(), ExtValue::String(v.into())));
             }
         }
     }

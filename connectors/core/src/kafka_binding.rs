@@ -46,7 +46,11 @@ pub fn decode_prefixed(
             return structured;
         }
     }
-    let mut event = Event::new(String::new(), String::new(), String::new());
+    let mut event = Event::new(
+        crate::Str::default(),
+        crate::Str::default(),
+        crate::Str::default(),
+    );
     let mut specversion = None;
     for (name, value) in headers {
         if name.eq_ignore_ascii_case("content-type") {
@@ -68,14 +72,16 @@ pub fn decode_prefixed(
         let v = utf8(name, value)?;
         match &*attr {
             "specversion" => specversion = Some(v),
-            "id" => event.id = v,
-            "source" => event.source = v,
-            "type" => event.ty = v,
+            "id" => event.id = v.into(),
+            "source" => event.source = v.into(),
+            "type" => event.ty = v.into(),
             "dataschema" => event.dataschema = Some(v),
-            "subject" => event.subject = Some(v),
+            "subject" => event.subject = Some(v.into()),
             "time" => event.time = Some(Timestamp::parse(&v)?),
             "datacontenttype" => {}
-            ext => event.extensions.push((ext.to_owned(), ExtValue::String(v))),
+            ext => event
+                .extensions
+                .push((ext.into(), ExtValue::String(v.into()))),
         }
     }
     match specversion.as_deref() {

@@ -25,7 +25,7 @@ pub use contract::{
     BoxFuture, ConnectorError, NamedStage, ProcessorConfig, ProcessorContext, Running, Shared,
     SinkConfig, SinkContext, SourceConfig, SourceContext, Wiring,
 };
-pub use event::{Data, Event, EventError, ExtValue, Timestamp};
+pub use event::{Data, Event, EventError, ExtValue, Str, Timestamp};
 pub use pipeline::{
     Delivery, Outcome, Overloaded, Pending, SendOptions, SinkInput, SinkItem, SourceSender, Status,
     Target,

@@ -29,7 +29,7 @@ impl TryFrom<&Event> for cloudevents::Event {
         }
         for (name, value) in &e.extensions {
             let v = match value {
-                ExtValue::String(s) => ExtensionValue::String(s.clone()),
+                ExtValue::String(s) => ExtensionValue::String(s.to_string()),
                 ExtValue::Integer(i) => ExtensionValue::Integer(i64::from(*i)),
                 ExtValue::Boolean(b) => ExtensionValue::Boolean(*b),
             };
@@ -61,11 +61,11 @@ impl TryFrom<&cloudevents::Event> for Event {
         let mut out = Event::new(e.id(), e.source().as_str(), e.ty());
         out.datacontenttype = e.datacontenttype().map(str::to_owned);
         out.dataschema = e.dataschema().map(|u| u.to_string());
-        out.subject = e.subject().map(str::to_owned);
+        out.subject = e.subject().map(Into::into);
         out.time = e.time().map(|t| Timestamp::from_utc(*t));
         for (name, value) in e.iter_extensions() {
             let v = match value {
-                ExtensionValue::String(s) => ExtValue::String(s.clone()),
+                ExtensionValue::String(s) => ExtValue::String(s.into()),
                 ExtensionValue::Boolean(b) => ExtValue::Boolean(*b),
                 ExtensionValue::Integer(i) => {
                     ExtValue::Integer(i32::try_from(*i).map_err(|_| {
@@ -75,7 +75,7 @@ impl TryFrom<&cloudevents::Event> for Event {
                     })?)
                 }
             };
-            out.extensions.push((name.to_owned(), v));
+            out.extensions.push((name.into(), v));
         }
         out.data = match e.data() {
             None => Data::None,

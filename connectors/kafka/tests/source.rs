@@ -12,7 +12,7 @@ use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sluice_core::testkit::{assert_source_telemetry, metric, Capture, SourceRig};
 use sluice_core::SinkItem;
-use sluice_core::{Event, SourceConfig, Status};
+use sluice_core::{Event, SourceConfig, Status, Str};
 use sluice_kafka::KafkaSourceConfig;
 
 fn cluster() -> MockCluster<'static, DefaultProducerContext> {
@@ -219,9 +219,7 @@ async fn commits_stop_at_the_first_undelivered_record_and_failures_are_retried()
     }
     assert_eq!(
         ids,
-        BTreeSet::from(
-            ["orders-0-20", "orders-0-21", "orders-1-20", "orders-1-21"].map(String::from)
-        )
+        BTreeSet::from(["orders-0-20", "orders-0-21", "orders-1-20", "orders-1-21"].map(Str::from))
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
@@ -359,7 +357,7 @@ async fn cloudevents_records_pass_through_and_two_members_of_one_group_deliver_e
             .events()
             .into_iter()
             .chain(got_b.events())
-            .map(|e| (e.id.clone(), e))
+            .map(|e| (e.id.to_string(), e))
             .collect();
         if all.len() == 100 {
             break all;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Deserialize;
-use sluice_core::event::{check_media_type, check_string, Data, Event, EventError, Timestamp};
+use sluice_core::event::{check_media_type, check_string, Data, Event, EventError, Str, Timestamp};
 use sluice_core::pipeline::SendOptions;
 use sluice_core::pull::{InFlight, Watermark};
 use sluice_core::telemetry::{PullTelemetry, Settled, EVENTS_DROPPED};
@@ -365,7 +365,7 @@ impl MqttSource {
         check_string("subject", &p.topic, true)?;
         // Set in place: each `with_*` moved the whole event again.
         let mut e = Event::new(id, &*self.source, &*self.ty);
-        e.subject = Some(p.topic.to_string());
+        e.subject = Some(Str::new(&*p.topic));
         e.time = Some(time);
         if !p.payload.is_empty() {
             let ct = match p.content_type {
@@ -850,7 +850,7 @@ mod tests {
             .to_event(&view("a/b", &json, None), Some(&minted))
             .unwrap();
         assert_eq!(
-            (again.id, again.time),
+            (again.id.to_string(), again.time),
             (minted.id.clone(), Some(minted.time.clone()))
         );
         // The topic and a v5 content type come from the publisher: checked.

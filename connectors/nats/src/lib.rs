@@ -432,7 +432,7 @@ pub fn msg_id(e: &Event) -> String {
 /// and always in Sluice's own form, the hashed key.
 fn message_id(e: &Event, argo: bool) -> String {
     if argo && !e.id.contains(['\r', '\n']) {
-        e.id.clone()
+        e.id.to_string()
     } else {
         msg_id(e)
     }

@@ -423,7 +423,11 @@ async fn jetstream_server_outage_mid_stream_loses_nothing() {
     publish(&js, "out", 50, "after").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let ids: BTreeSet<String> = got.events().into_iter().map(|e: Event| e.id).collect();
+        let ids: BTreeSet<String> = got
+            .events()
+            .into_iter()
+            .map(|e: Event| e.id.into())
+            .collect();
         if ids.len() == 100 {
             break;
         }

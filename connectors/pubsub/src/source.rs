@@ -32,7 +32,7 @@ use google_cloud_googleapis::pubsub::v1::{
     StreamingPullResponse,
 };
 use sluice_core::event::{
-    check_extension_name, extension_name_from, Data, Event, ExtValue, Timestamp,
+    check_extension_name, extension_name_from, Data, Event, ExtValue, Str, Timestamp,
 };
 use sluice_core::pipeline::SendOptions;
 use sluice_core::pull::{InFlight, SettleBatch, Watermark};
@@ -280,7 +280,7 @@ impl Decoder {
                         continue;
                     }
                     e.extensions
-                        .push((ext, ExtValue::String(m.attributes[k].clone())));
+                        .push((ext, ExtValue::String(Str::new(&m.attributes[k]))));
                 }
                 if !m.ordering_key.is_empty() && e.extension("partitionkey").is_none() {
                     e.set_extension("partitionkey", m.ordering_key.clone());

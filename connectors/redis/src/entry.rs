@@ -243,7 +243,7 @@ pub fn to_event(stream: &str, id: &str, fields: &Fields, n: &Naming) -> Result<E
     // event again.
     check_string("id", id, true)?;
     let mut e = Event::new(event_id, n.source, n.ty);
-    e.subject = Some(stream.to_owned());
+    e.subject = Some(stream.into());
     e.time = Some(time);
     e.datacontenttype = Some("application/json".into());
     e.data = Data::Json(fields_json(fields).into());

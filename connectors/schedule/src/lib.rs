@@ -212,14 +212,14 @@ impl EventMaker {
     pub fn event(&self, slot: DateTime<Utc>, tz: chrono_tz::Tz) -> Event {
         let mut e = Event::new(self.id(slot), self.source.clone(), self.ty.clone())
             .with_time(Timestamp::from_utc(slot));
-        e.subject = self.subject.clone();
+        e.subject = self.subject.as_deref().map(Into::into);
         match self.format {
             Format::Cloudevents => {
                 if let Some(d) = &self.data {
                     e = e.with_json(d.clone());
                 }
                 for (k, v) in &self.metadata {
-                    e.set_extension(k.clone(), ExtValue::String(v.clone()));
+                    e.set_extension(k.as_str(), ExtValue::String(v.into()));
                 }
             }
             Format::Argo => {

@@ -50,7 +50,7 @@ fn start(
 }
 
 fn ids(c: &Collected) -> Vec<String> {
-    c.events().into_iter().map(|e| e.id).collect()
+    c.events().into_iter().map(|e| e.id.into()).collect()
 }
 
 #[tokio::test(start_paused = true)]

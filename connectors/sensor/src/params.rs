@@ -373,7 +373,7 @@ pub fn context_json(e: &Event) -> Value {
     put("subject", e.subject.as_deref());
     put("time", e.time.as_ref().map(|t| t.as_str()));
     for (k, v) in &e.extensions {
-        m.insert(k.clone(), Value::String(v.to_canonical().into_owned()));
+        m.insert(k.to_string(), Value::String(v.to_canonical().into_owned()));
     }
     Value::Object(m)
 }

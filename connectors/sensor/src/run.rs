@@ -541,8 +541,8 @@ impl Sensor {
                 };
                 for p in &tr.parameters {
                     match p.dest_text.as_str() {
-                        "type" => out.ty = text("type").unwrap_or_default(),
-                        "subject" => out.subject = text("subject"),
+                        "type" => out.ty = text("type").unwrap_or_default().into(),
+                        "subject" => out.subject = text("subject").map(Into::into),
                         "dataschema" => out.dataschema = text("dataschema"),
                         ext => {
                             if let Some(v) = text(ext) {

@@ -122,16 +122,17 @@ impl Set {
             .map(|(n, t)| (n.clone(), fill(t, &e)))
             .collect();
         if let Some(ty) = ty {
-            e.ty = ty;
+            e.ty = ty.into();
         }
         if let Some(s) = subject {
-            e.subject = Some(s);
+            e.subject = Some(s.into());
         }
         for (n, v) in exts {
             e.set_extension(n, v);
         }
         if !self.remove.is_empty() {
-            e.extensions.retain(|(n, _)| !self.remove.contains(n));
+            e.extensions
+                .retain(|(n, _)| !self.remove.iter().any(|r| r == n));
         }
         e.validate().map_err(|err| {
             format!("set: the result is not a valid CloudEvent ({err}); check the templates")

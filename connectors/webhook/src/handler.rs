@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use metrics::Counter;
 use sha2::{Digest, Sha256};
-use sluice_core::event::{check_media_type, check_string, Data, Event, ExtValue, Timestamp};
+use sluice_core::event::{check_media_type, check_string, Data, Event, ExtValue, Str, Timestamp};
 use sluice_core::http_binding;
 use sluice_core::telemetry::SourceTelemetry;
 use sluice_core::{SendOptions, SourceContext, SourceSender, Status};
@@ -47,10 +47,10 @@ pub(crate) struct Route {
     id_headers: Vec<HeaderName>,
     id_fallback: IdFallback,
     format: Format,
-    ty: String,
-    source: String,
-    subject: String,
-    header_ext: Vec<(HeaderName, String)>,
+    ty: Str,
+    source: Str,
+    subject: Str,
+    header_ext: Vec<(HeaderName, Str)>,
     allowed_origins: Vec<String>,
     metadata: Bytes,
     responses: Vec<(u16, Counter)>,
@@ -112,15 +112,16 @@ impl Route {
             id_headers,
             id_fallback: cfg.id_fallback,
             format: cfg.format,
-            ty: cfg.event_type.clone().unwrap_or_else(|| "webhook".into()),
-            source: cfg.event_source.clone().unwrap_or_else(|| name.clone()),
+            ty: cfg.event_type.as_deref().unwrap_or("webhook").into(),
+            source: cfg.event_source.as_deref().unwrap_or(&name).into(),
             subject: cfg
                 .event_subject
-                .clone()
-                .unwrap_or_else(|| match cfg.format {
-                    Format::Cloudevents => cfg.path.clone(),
-                    Format::Argo => name.clone(),
-                }),
+                .as_deref()
+                .unwrap_or(match cfg.format {
+                    Format::Cloudevents => &cfg.path,
+                    Format::Argo => &name,
+                })
+                .into(),
             header_ext,
             allowed_origins: cfg.allowed_origins.clone(),
             metadata,
@@ -581,7 +582,7 @@ fn add_extensions(
         if let Some(v) = v.and_then(|v| v.to_str().ok()) {
             check_string(ext, v, false)
                 .map_err(|err| (StatusCode::BAD_REQUEST, format!("header {h}: {err}")))?;
-            e.set_extension(ext.to_owned(), ExtValue::String(v.to_owned()));
+            e.set_extension(ext, ExtValue::String(Str::new(v)));
         }
     }
     Ok(())
@@ -601,7 +602,7 @@ fn plain_event(
     let (id, fresh) = request_id(route, parts, found.id, &body, now);
     // Built in place: each builder call would move the whole event once more.
     let mut e = Event {
-        id,
+        id: id.into(),
         source: route.source.clone(),
         ty: route.ty.clone(),
         datacontenttype: None,

@@ -249,11 +249,7 @@ impl SourceConfig for WebhookConfig {
             self.event_source.as_deref().unwrap_or("webhook"),
             self.event_type.as_deref().unwrap_or("webhook"),
         );
-        probe.subject = Some(
-            self.event_subject
-                .clone()
-                .unwrap_or_else(|| self.path.clone()),
-        );
+        probe.subject = Some(self.event_subject.as_deref().unwrap_or(&self.path).into());
         probe
             .validate()
             .map_err(|e| format!("type, source or subject: {e}"))?;

@@ -377,7 +377,12 @@ async fn incoming_cloudevents_pass_through_unchanged() {
     )
     .await;
     assert_eq!(r.status, StatusCode::OK);
-    let ids: Vec<String> = got.wait_for(5).await.into_iter().map(|e| e.id).collect();
+    let ids: Vec<String> = got
+        .wait_for(5)
+        .await
+        .into_iter()
+        .map(|e| e.id.into())
+        .collect();
     assert_eq!(ids, ["b-1", "s-1", "m-1", "m-2", "after-invalid"]);
 }
 

@@ -946,7 +946,7 @@ mod tests {
         assert!(b.inputs[0].held().0 > 0, "queued events hold bytes");
         // Out of queue order, so that one unit's deliveries form two runs.
         items.swap(1, 2);
-        let ids: Vec<String> = items.iter().map(|i| i.event.id.clone()).collect();
+        let ids: Vec<String> = items.iter().map(|i| i.event.id.to_string()).collect();
         assert_eq!(ids, ["1", "3", "2"]);
         Delivery::delivered_all(items.into_iter().map(|i| i.delivery));
         assert_eq!(b.inputs[0].held().0, 0, "every event's bytes are back");

@@ -608,7 +608,7 @@ pub(crate) fn json_event(
     let mut e = Event::new(id, source, ty)
         .with_time(time.unwrap_or_else(Timestamp::now))
         .with_data(Some("application/json".into()), Data::Binary(data));
-    e.subject = subject;
+    e.subject = subject.map(Into::into);
     e.validate().map_err(|err| {
         Refusal::bad_request("invalid_event", format!("cannot make a CloudEvent: {err}"))
     })?;
@@ -655,7 +655,7 @@ pub(crate) fn body_event(
     let mut e = Event::new(id, source, ty)
         .with_time(time.unwrap_or_else(Timestamp::now))
         .with_data(Some(ct), sluice_core::event::Data::Binary(req.body.clone()));
-    e.subject = subject;
+    e.subject = subject.map(Into::into);
     e.validate().map_err(|err| {
         Refusal::bad_request("invalid_event", format!("cannot make a CloudEvent: {err}"))
     })?;
