@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::event::{
-    check_extension_name, is_json_media_type, Data, Event, EventError, ExtValue, Timestamp,
+    check_extension_name, is_json_media_type, Data, Event, EventError, ExtValue, Str, Timestamp,
     SPEC_VERSION,
 };
 
@@ -177,7 +177,7 @@ impl<'de> Visitor<'de> for BatchSeed<'_> {
     }
 }
 
-fn string_member(name: &str, raw: &RawValue) -> Result<Option<String>, EventError> {
+fn string_member(name: &str, raw: &RawValue) -> Result<Option<Str>, EventError> {
     let text = raw.get();
     if text == "null" {
         return Ok(None);
@@ -186,16 +186,16 @@ fn string_member(name: &str, raw: &RawValue) -> Result<Option<String>, EventErro
     // (serde_json checked it when it captured it), so no parser is needed to read it.
     if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
         if !inner.contains('\\') {
-            return Ok(Some(inner.to_owned()));
+            return Ok(Some(Str::new(inner)));
         }
     }
-    serde_json::from_str::<String>(text)
+    serde_json::from_str::<Str>(text)
         .map(Some)
         .map_err(|_| EventError(format!("{name} must be a JSON string")))
 }
 
 fn event_from_members(input: &Bytes, mut members: Members<'_>) -> Result<Event, EventError> {
-    let mut take = |name: &str| -> Result<Option<String>, EventError> {
+    let mut take = |name: &str| -> Result<Option<Str>, EventError> {
         match members.remove(name) {
             Some(raw) => string_member(name, raw),
             None => Ok(None),
@@ -213,8 +213,8 @@ fn event_from_members(input: &Bytes, mut members: Members<'_>) -> Result<Event, 
     let id = take("id")?.ok_or_else(|| EventError::new("id is missing"))?;
     let source = take("source")?.ok_or_else(|| EventError::new("source is missing"))?;
     let ty = take("type")?.ok_or_else(|| EventError::new("type is missing"))?;
-    let datacontenttype = take("datacontenttype")?;
-    let dataschema = take("dataschema")?;
+    let datacontenttype = take("datacontenttype")?.map(String::from);
+    let dataschema = take("dataschema")?.map(String::from);
     let subject = take("subject")?;
     let time = take("time")?.map(|t| Timestamp::parse(&t)).transpose()?;
 
@@ -282,12 +282,12 @@ fn event_from_members(input: &Bytes, mut members: Members<'_>) -> Result<Event, 
         extensions.push((name.into(), value));
     }
     let event = Event {
-        id: id.into(),
-        source: source.into(),
-        ty: ty.into(),
+        id,
+        source,
+        ty,
         datacontenttype,
         dataschema,
-        subject: subject.map(Into::into),
+        subject,
         time,
         extensions,
         data,
@@ -527,7 +527,8 @@ mod tests {
             } else {
                 Some(serde_json::from_str::<String>(text).unwrap())
             };
-            assert_eq!(string_member("id", &raw).unwrap(), want, "{text}");
+            let got = string_member("id", &raw).unwrap().map(String::from);
+            assert_eq!(got, want, "{text}");
         }
         for not_a_string in ["1", "true", "[\"a\"]", "{\"a\":\"b\"}"] {
             let raw: Box<RawValue> = serde_json::from_str(not_a_string).unwrap();

@@ -107,10 +107,27 @@ pub fn decode_detected(
 }
 
 /// Decodes one header value: strips a quoted string, percent-decodes once, checks UTF-8.
-pub fn decode_header_value(name: &str, raw: &HeaderValue) -> Result<String, EventError> {
-    let mut bytes = raw.as_bytes();
+/// Borrowed from the header when there is nothing to strip or decode (ids, URIs and type names
+/// usually), so each attribute is copied once, into its field.
+pub fn decode_header_value<'v>(
+    name: &str,
+    raw: &'v HeaderValue,
+) -> Result<std::borrow::Cow<'v, str>, EventError> {
+    let not_utf8 = || {
+        EventError(format!(
+            "header {name} is not valid UTF-8 after percent-decoding"
+        ))
+    };
+    let whole: &'v [u8] = raw.as_bytes();
+    let quoted = whole.len() >= 2 && whole[0] == b'"' && whole[whole.len() - 1] == b'"';
+    if !quoted && !whole.contains(&b'%') {
+        return std::str::from_utf8(whole)
+            .map(std::borrow::Cow::Borrowed)
+            .map_err(|_| not_utf8());
+    }
+    let mut bytes = whole;
     let unquoted;
-    if bytes.len() >= 2 && bytes[0] == b'"' && bytes[bytes.len() - 1] == b'"' {
+    if quoted {
         let mut out = Vec::with_capacity(bytes.len());
         let mut it = bytes[1..bytes.len() - 1].iter();
         while let Some(&b) = it.next() {
@@ -126,11 +143,9 @@ pub fn decode_header_value(name: &str, raw: &HeaderValue) -> Result<String, Even
         bytes = &unquoted;
     }
     let decoded: Vec<u8> = percent_decode(bytes).collect();
-    String::from_utf8(decoded).map_err(|_| {
-        EventError(format!(
-            "header {name} is not valid UTF-8 after percent-decoding"
-        ))
-    })
+    String::from_utf8(decoded)
+        .map(std::borrow::Cow::Owned)
+        .map_err(|_| not_utf8())
 }
 
 /// The value percent-encoded for a `ce-` header, borrowed when nothing needs encoding (the
@@ -172,10 +187,10 @@ pub fn decode_binary(headers: &HeaderMap, body: Bytes) -> Result<Event, EventErr
                 // The binding carries the content type in Content-Type; tolerate the header
                 // only when Content-Type is absent.
                 if !headers.contains_key(CONTENT_TYPE) {
-                    event.datacontenttype = Some(v);
+                    event.datacontenttype = Some(v.into_owned());
                 }
             }
-            "dataschema" => event.dataschema = Some(v),
+            "dataschema" => event.dataschema = Some(v.into_owned()),
             "subject" => event.subject = Some(v.into()),
             "time" => event.time = Some(Timestamp::parse(&v)?),
             ext => {
@@ -309,6 +324,16 @@ mod tests {
         assert_eq!(decode_header_value("ce-x", &v).unwrap(), "%20");
         // Overlong encodings are invalid UTF-8.
         let v = HeaderValue::from_static("%C0%A0");
+        assert!(decode_header_value("ce-x", &v).is_err());
+        // Nothing to strip or decode: the header's own text, borrowed.
+        let v = HeaderValue::from_static("orders-1-42");
+        let plain = decode_header_value("ce-id", &v).unwrap();
+        assert!(matches!(plain, std::borrow::Cow::Borrowed("orders-1-42")));
+        // Quoted without a `%`: still stripped.
+        let v = HeaderValue::from_static("\"a\\\"b\"");
+        assert_eq!(decode_header_value("ce-x", &v).unwrap(), "a\"b");
+        // Raw bytes that are not UTF-8 fail on the borrowed path too.
+        let v = HeaderValue::from_bytes(b"caf\xe9").unwrap();
         assert!(decode_header_value("ce-x", &v).is_err());
     }
 

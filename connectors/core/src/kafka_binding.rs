@@ -21,16 +21,15 @@ pub fn decode(headers: &[(&str, &[u8])], payload: Option<Bytes>) -> Result<Event
 
 /// [`decode`] for attributes named `<prefix><attribute>`; `fold_case`: names are matched in
 /// any case (the Pub/Sub binding says attribute names are case-insensitive).
-pub fn decode_prefixed(
+pub fn decode_prefixed<'a>(
     prefix: &str,
     fold_case: bool,
-    headers: &[(&str, &[u8])],
+    headers: &[(&str, &'a [u8])],
     payload: Option<Bytes>,
 ) -> Result<Event, EventError> {
-    let utf8 = |name: &str, v: &[u8]| {
-        std::str::from_utf8(v)
-            .map(str::to_owned)
-            .map_err(|_| EventError(format!("header {name} is not UTF-8")))
+    // Borrowed: each attribute is copied once, into its field (inline when short).
+    let utf8 = |name: &str, v: &'a [u8]| -> Result<&'a str, EventError> {
+        std::str::from_utf8(v).map_err(|_| EventError(format!("header {name} is not UTF-8")))
     };
     // Header keys are case-sensitive in Kafka; `content-type` is matched in any case, since
     // producers write `Content-Type` too.
@@ -75,16 +74,16 @@ pub fn decode_prefixed(
             "id" => event.id = v.into(),
             "source" => event.source = v.into(),
             "type" => event.ty = v.into(),
-            "dataschema" => event.dataschema = Some(v),
+            "dataschema" => event.dataschema = Some(v.to_owned()),
             "subject" => event.subject = Some(v.into()),
-            "time" => event.time = Some(Timestamp::parse(&v)?),
+            "time" => event.time = Some(Timestamp::parse(v)?),
             "datacontenttype" => {}
             ext => event
                 .extensions
                 .push((ext.into(), ExtValue::String(v.into()))),
         }
     }
-    match specversion.as_deref() {
+    match specversion {
         Some(SPEC_VERSION) => {}
         Some(v) => {
             return Err(EventError(format!(
@@ -94,8 +93,8 @@ pub fn decode_prefixed(
         None => return Err(EventError(format!("{prefix}specversion header is missing"))),
     }
     if let Some(ct) = content_type {
-        check_media_type(&ct)?;
-        event.datacontenttype = Some(ct);
+        check_media_type(ct)?;
+        event.datacontenttype = Some(ct.to_owned());
     }
     event.data = match payload {
         None => Data::None,
