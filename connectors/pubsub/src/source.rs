@@ -283,7 +283,7 @@ impl Decoder {
                         .push((ext, ExtValue::String(Str::new(&m.attributes[k]))));
                 }
                 if !m.ordering_key.is_empty() && e.extension("partitionkey").is_none() {
-                    e.set_extension("partitionkey", m.ordering_key.clone());
+                    e.set_extension("partitionkey", m.ordering_key.as_str());
                 }
                 Ok(e)
             }

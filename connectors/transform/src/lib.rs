@@ -10,7 +10,7 @@ use sluice_core::event::CORE_ATTRIBUTES;
 use sluice_core::pipeline::{hand_off, SinkWindow, Step};
 use sluice_core::template::Template;
 use sluice_core::{
-    BoxFuture, ConnectorError, Event, ProcessorConfig, ProcessorContext, Running, SinkItem,
+    BoxFuture, ConnectorError, Event, ProcessorConfig, ProcessorContext, Running, SinkItem, Str,
 };
 
 /// Events taken from the queue at a time.
@@ -48,7 +48,8 @@ fn default_concurrency() -> usize {
 struct Set {
     ty: Option<Template>,
     subject: Option<Template>,
-    extensions: Vec<(String, Template)>,
+    /// Names held as the event holds them, so setting one copies no heap text.
+    extensions: Vec<(Str, Template)>,
     remove: Vec<String>,
 }
 
@@ -75,7 +76,7 @@ impl SetConfig {
         for (name, t) in &self.extensions {
             check_ext(name, &format!("extensions.{name}"))?;
             extensions.push((
-                name.clone(),
+                Str::new(name),
                 Template::parse(&format!("extensions.{name}"), t)?,
             ));
         }
@@ -116,7 +117,7 @@ impl Set {
         let fill = |t: &Template, e: &Event| t.render_with(e, |o, v| o.push_str(v));
         let ty = self.ty.as_ref().map(|t| fill(t, &e));
         let subject = self.subject.as_ref().map(|t| fill(t, &e));
-        let exts: Vec<(String, String)> = self
+        let exts: Vec<(Str, String)> = self
             .extensions
             .iter()
             .map(|(n, t)| (n.clone(), fill(t, &e)))
