@@ -10,7 +10,9 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use crate::event::{check_media_type, Data, Event, EventError, ExtValue, Timestamp, SPEC_VERSION};
+use crate::event::{
+    check_media_type, Data, Event, EventError, ExtValue, Str, Timestamp, SPEC_VERSION,
+};
 use crate::format;
 
 /// Decodes a Kafka record's headers and payload into an event. Header names are matched
@@ -45,11 +47,7 @@ pub fn decode_prefixed<'a>(
             return structured;
         }
     }
-    let mut event = Event::new(
-        crate::Str::default(),
-        crate::Str::default(),
-        crate::Str::default(),
-    );
+    let mut event = Event::new(Str::default(), Str::default(), Str::default());
     let mut specversion = None;
     for (name, value) in headers {
         if name.eq_ignore_ascii_case("content-type") {
