@@ -9,7 +9,8 @@
 # sources, "2026-12-05, second session"), runs made one after the other compare the host's
 # moments as much as the builds. Two processes that share one core at the same time meet the
 # same moments, so the ratio of their CPU times compares the builds. Two copies of one build
-# read 0.99–1.01 there.
+# read 0.99–1.01 there. The two also share the core's caches: a change that saves cache misses
+# (a prefetch, a smaller table) may gain less here than when it runs alone.
 #
 #   benches/kafka_pair.sh BIN_A BIN_B     # B's CPU time over A's, per run and the median
 #   benches/kafka_pair.sh raw BIN         # `raw`: connectors/kafka/examples/consume_loop;
