@@ -17,7 +17,9 @@
 #                                         # A/B is then issue 13's goal A per CPU-second
 #   RUNS=7 COUNT=1000000 PARTITIONS=256 ...
 #
-# Which of the two starts first alternates from run to run. Needs perf (installed if missing).
+# Which of the two starts first alternates from run to run (A first in odd runs). While a daemon
+# runs, its /metrics is read every 50 ms; a raw loop is not polled. Needs perf (installed if
+# missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/lib.sh
@@ -27,12 +29,17 @@ COUNT=${COUNT:-1000000}
 PARTITIONS=${PARTITIONS:-256}
 RUNS=${RUNS:-5}
 [ "$COUNT" -le $((PARTITIONS * 4000)) ] || { echo "COUNT must be at most PARTITIONS × 4000 (the mock keeps 5 MiB per partition)" >&2; exit 2; }
+for b in "$1" "$2"; do
+  [ "$b" = raw ] || [ -x "$b" ] || { echo "$b: not an executable (a daemon built with the kafka and console features, or raw)" >&2; exit 2; }
+done
 cargo build --release -p sluice-kafka --examples >/dev/null
 bins=("$1" "$2")
-ports=(17784 17785)
+ports=(17786 17787)
 
 work=$(mktemp -d)
-trap 'exec 3>&- 2>/dev/null; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+# perf does not pass a signal on to the program it counts: its children are stopped first, so
+# that no daemon outlives the script on CPU 0 and its port.
+trap 'exec 3>&- 2>/dev/null; for p in $(jobs -p); do pkill -TERM -P "$p" 2>/dev/null || true; done; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 mkfifo "$work/hold"
 taskset -c 1 target/release/examples/mock_cluster --brokers 1 --topic bench --partitions "$PARTITIONS" <"$work/hold" >"$work/bootstrap" 2>"$work/mock.err" &
 exec 3>"$work/hold"
@@ -82,6 +89,10 @@ YAML
       elif [ "$(delivered "${ports[$i]}")" -ge "$COUNT" ] 2>/dev/null; then
         pkill -INT -P "${pids[$i]}" || true
         stopped[$i]=1
+      elif ! kill -0 "${pids[$i]}" 2>/dev/null; then
+        echo "run $r: ${bins[$i]} stopped before its sink counted $COUNT events; it said:" >&2
+        tail -5 "$work/out.$i" >&2
+        exit 1
       else
         left=$((left + 1))
       fi
@@ -90,7 +101,13 @@ YAML
     sleep 0.05
   done
   [ $left = 0 ] || { echo "run $r: not every record was read in 5 minutes" >&2; tail -3 "$work"/out.* >&2; exit 1; }
-  wait "${pids[0]}" "${pids[1]}" || true
+  # Each side's exit status (perf passes its program's on): a raw loop that gave up before
+  # COUNT records, or a daemon that failed its shutdown, makes no figure.
+  for i in 0 1; do
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    [ $rc = 0 ] || { echo "run $r: ${bins[$i]} exited with $rc; it said:" >&2; tail -5 "$work/out.$i" >&2; exit 1; }
+  done
   ta=$(awk -F, '/task-clock/ {print $1}' "$work/perf.0")
   tb=$(awk -F, '/task-clock/ {print $1}' "$work/perf.1")
   ratio=$(python3 -c "print(round($tb / $ta, 3))")
@@ -98,3 +115,7 @@ YAML
   ratios+="$ratio "
 done
 python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:]]; print(f'B/A: median {statistics.median(v):.3f}, range {min(v):.3f}–{max(v):.3f} over {len(v)} runs')" $ratios
+if [ "${bins[0]}" = raw ]; then
+  # Goal A per CPU-second: the raw loop's CPU time over Sluice's.
+  python3 -c "import statistics, sys; v = [1 / float(x) for x in sys.argv[1:]]; print(f'A/B (the raw loop over Sluice, per CPU-second): median {statistics.median(v):.3f}, range {min(v):.3f}–{max(v):.3f}')" $ratios
+fi
