@@ -633,7 +633,10 @@ impl Delivery {
         let sink = self.sink.name.clone();
         rt.spawn(async move {
             let mut guard = guard;
-            let held = dl.target.push(event, &guard.unit, guard.idx).await;
+            let held = dl
+                .target
+                .push(Box::new(event), &guard.unit, guard.idx)
+                .await;
             drop(bytes_held);
             guard.armed = false;
             if held {

@@ -241,10 +241,10 @@ impl SinkQueue {
     #[allow(clippy::result_large_err)] // the event itself is handed back, not an error
     pub(crate) fn try_push(
         &self,
-        event: Event,
+        event: Box<Event>,
         unit: &Arc<Unit>,
         idx: usize,
-    ) -> Result<Pushed, Event> {
+    ) -> Result<Pushed, Box<Event>> {
         let (size, gsize) = self.sizes(&event);
         let sh = &self.shared;
         let t = &sh.telemetry;
@@ -282,7 +282,12 @@ impl SinkQueue {
 
     /// No bytes free in this queue or the budget now.
     #[allow(clippy::result_large_err)] // the event itself is handed back, not an error
-    fn no_room(&self, event: Event, unit: &Arc<Unit>, idx: usize) -> Result<Pushed, Event> {
+    fn no_room(
+        &self,
+        event: Box<Event>,
+        unit: &Arc<Unit>,
+        idx: usize,
+    ) -> Result<Pushed, Box<Event>> {
         match self.when_full {
             WhenFull::Block => Err(event),
             _ if self.tx.is_closed() => {
@@ -301,7 +306,7 @@ impl SinkQueue {
     /// delivery ticket exists only once the event is in the queue. Returns false when a full
     /// `drop_newest` queue dropped the event (a policy, not settled); true when the event is
     /// queued or settled as failed.
-    pub(crate) async fn push(&self, event: Event, unit: &Arc<Unit>, idx: usize) -> bool {
+    pub(crate) async fn push(&self, event: Box<Event>, unit: &Arc<Unit>, idx: usize) -> bool {
         let event = match self.try_push(event, unit, idx) {
             Ok(pushed) => return pushed != Pushed::Dropped,
             Err(event) => event,
@@ -335,7 +340,7 @@ impl SinkQueue {
         &self,
         slot: mpsc::Permit<'_, SinkItem>,
         held: (u32, u32),
-        event: Event,
+        event: Box<Event>,
         unit: &Arc<Unit>,
         idx: usize,
     ) {
@@ -344,12 +349,9 @@ impl SinkQueue {
         let dead_letter = self
             .dead_letter
             .as_ref()
-            .map(|d| Box::new((d.clone(), event.clone())));
+            .map(|d| Box::new((d.clone(), (*event).clone())));
         let delivery = Delivery::new(unit.clone(), idx, self.shared.clone(), held, dead_letter);
-        slot.send(SinkItem {
-            event: Box::new(event),
-            delivery,
-        });
+        slot.send(SinkItem { event, delivery });
     }
 
     fn not_running(&self, unit: &Arc<Unit>, idx: usize) {
