@@ -583,10 +583,15 @@ impl Future for Attempt {
     }
 }
 
-fn retry(sender: SourceSender, event: Event, wait: Duration, stop: CancellationToken) -> Attempt {
+fn retry(
+    sender: SourceSender,
+    event: Box<Event>,
+    wait: Duration,
+    stop: CancellationToken,
+) -> Attempt {
     Attempt::Retry(Box::pin(async move {
         tokio::select! {
-            _ = tokio::time::sleep(wait) => sender.send(vec![event]).await.await,
+            _ = tokio::time::sleep(wait) => sender.send_boxed(vec![event]).await.await,
             _ = stop.cancelled() => Outcome {
                 status: Status::Failed,
                 reason: Some("shutting down before the retry".into()),
@@ -663,7 +668,9 @@ struct KafkaSource {
 }
 
 impl KafkaSource {
-    fn to_event(&self, r: &Record) -> Result<Event, EventError> {
+    /// The record's event, made in its own allocation: it goes into the sink queues as it is
+    /// ([`SourceSender::send_boxed`]).
+    fn to_event(&self, r: &Record) -> Result<Box<Event>, EventError> {
         let headers: Vec<(&str, &[u8])> = r.headers.iter().map(|(k, v)| (&**k, &v[..])).collect();
         let payload = r.payload.clone();
         let time = r.millis.and_then(chrono::DateTime::from_timestamp_millis);
@@ -692,15 +699,17 @@ impl KafkaSource {
             data.extend_from_slice(b",\"metadata\":");
             data.extend_from_slice(&self.metadata);
             data.push(b'}');
-            return Ok(Event::new(id, &*self.source, &*self.ty)
-                .with_subject(&*self.name)
-                .with_time(
-                    r.received
-                        .as_deref()
-                        .cloned()
-                        .unwrap_or_else(Timestamp::now),
-                )
-                .with_json(data));
+            return Ok(Box::new(
+                Event::new(id, &*self.source, &*self.ty)
+                    .with_subject(&*self.name)
+                    .with_time(
+                        r.received
+                            .as_deref()
+                            .cloned()
+                            .unwrap_or_else(Timestamp::now),
+                    )
+                    .with_json(data),
+            ));
         }
         let is_ce = headers.iter().any(|(k, v)| {
             *k == "ce_specversion"
@@ -709,10 +718,10 @@ impl KafkaSource {
                     && v[..23].eq_ignore_ascii_case(b"application/cloudevents"))
         });
         if is_ce {
-            return kafka_binding::decode(&headers, payload);
+            return kafka_binding::decode(&headers, payload).map(Box::new);
         }
         // Fields set in place: each `with_*` moved the whole event (about 250 bytes) again.
-        let mut e = Event::new(id, &*self.source, &*self.ty);
+        let mut e = Box::new(Event::new(id, &*self.source, &*self.ty));
         // `Str::new`, not `to_string`: an `Arc<str>` formats itself through `Display`.
         e.subject = Some(Str::new(&*r.tp.0));
         e.time = time.map(Timestamp::from_utc);
@@ -865,7 +874,7 @@ impl KafkaSource {
         }
         if !kept.is_empty() {
             *in_flight += kept.len();
-            let pending = ctx.sender.send(sent).await;
+            let pending = ctx.sender.send_boxed(sent).await;
             window.push(
                 Handle {
                     records: kept,
@@ -892,7 +901,7 @@ impl KafkaSource {
     ) -> Result<(), String> {
         // A failed record's event is made again from the record (the same event: its id is the
         // record's position), before the lock is taken.
-        let mut again: Vec<Option<Event>> = Vec::new();
+        let mut again: Vec<Option<Box<Event>>> = Vec::new();
         if !outcome.is_delivered() && !stop.is_cancelled() {
             again = h
                 .records
@@ -1253,14 +1262,30 @@ impl KafkaSource {
                         // event holds back only neighbours its partition's commit waits for
                         // anyway. Each run is sized to its records (they are large, and a run
                         // grown by doubling moved each of them again: 3 % of a Kafka → null
-                        // event's instructions); the buffer they were taken into is kept.
+                        // event's instructions) and the buffer they were taken into is kept,
+                        // unless the batch is one run that fills at least half of it: then
+                        // the buffer is the run (a unit's records hold at most twice their
+                        // size) and a new one is taken.
                         let mut runs: Vec<(Run, usize)> = taken_now
                             .chunk_by(|a, b| a.tp == b.tp)
-                            .map(|c| (Run::new(c[0].tp.clone(), c.len()), c.len()))
+                            .map(|c| (Run::new(c[0].tp.clone(), 0), c.len()))
                             .collect();
+                        if let [(run, len)] = &mut runs[..] {
+                            if *len >= BATCH / 2 {
+                                // The usual batch of a backlog: its records stay where they
+                                // were taken.
+                                run.records = std::mem::replace(
+                                    &mut taken_now,
+                                    Vec::with_capacity(BATCH),
+                                );
+                            }
+                        }
                         let mut rest = taken_now.drain(..);
                         for (run, len) in &mut runs {
-                            run.records.extend(rest.by_ref().take(*len));
+                            if run.records.is_empty() {
+                                run.records.reserve_exact(*len);
+                                run.records.extend(rest.by_ref().take(*len));
+                            }
                         }
                         drop(rest);
                         for (run, _) in runs {
