@@ -12,6 +12,8 @@
 #   RAW=1 ...                                           # and the raw consume loop, same records
 #   BLOCKS=1 ...                                        # preload each partition in one block
 #                                                       # (full batches, as benches/consume.sh)
+#   CG_OPTS=--cache-sim=yes ...                         # also simulated cache misses (read them
+#                                                       # with callgrind_annotate --show=…)
 #
 # RAW=1 adds a row for connectors/kafka/examples/consume_loop (the ceiling of benches/consume.sh)
 # counted the same way, whole process with librdkafka's threads, so the two counts form the
@@ -55,7 +57,8 @@ for bin in "${bins[@]}"; do
   echo "| $bin | $got | $per |"
 done
 if [ "${RAW:-0}" = 1 ]; then
-  valgrind --tool=callgrind --callgrind-out-file="$work/cg.raw" target/release/examples/consume_loop \
+  # shellcheck disable=SC2086
+  valgrind --tool=callgrind ${CG_OPTS:-} --callgrind-out-file="$work/cg.raw" target/release/examples/consume_loop \
     --brokers "$BS" --topic bench --group "cg-raw-$(date +%s%N)" --count "$COUNT" >/dev/null 2>"$work/vg.raw" \
     || { echo "the raw loop failed; valgrind said:" >&2; tail -5 "$work/vg.raw" >&2; exit 1; }
   [ -n "${KEEP:-}" ] && cp "$work/cg.raw" "$KEEP.raw"

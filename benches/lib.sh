@@ -78,10 +78,11 @@ YAML
 # null sink `out` (admin server on port $ADMIN) counted COUNT delivered events, stops it and prints
 # "EVENTS INSTRUCTIONS_PER_EVENT" (the whole process, start-up included). The profile is
 # $work/cg.SLUG (copied to $KEEP.SLUG when KEEP is set). Exits when COUNT is not reached in 20
-# minutes.
+# minutes. CG_OPTS adds valgrind options (`--cache-sim=yes` counts simulated cache misses too).
 callgrind_drain() {
   local bin=$1 slug=$2 count=$3 got=0 pid ir
-  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$work/cg.$slug" "$bin" run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/vg.$slug" &
+  # shellcheck disable=SC2086
+  RUST_LOG=warn valgrind --tool=callgrind ${CG_OPTS:-} --callgrind-out-file="$work/cg.$slug" "$bin" run -c "$work/sluice.yaml" --threads 1 >/dev/null 2>"$work/vg.$slug" &
   pid=$!
   # Scraped every 2 s: a scrape under callgrind costs instructions of its own.
   for _ in $(seq 1 600); do
