@@ -43,6 +43,10 @@ enum Command {
         /// Worker threads (default: one per core; 1 uses tokio's current-thread scheduler).
         #[arg(long, env = "SLUICE_THREADS")]
         threads: Option<usize>,
+        /// Leave transparent huge pages to the system's setting instead of turning them off
+        /// for this process (Linux; docs/decisions.md, "Transparent huge pages off").
+        #[arg(long, env = "SLUICE_ALLOW_THP")]
+        allow_thp: bool,
     },
     /// Check a config and print every error; opens no sockets. Exit 0 when valid, 1 otherwise.
     Validate {
@@ -125,6 +129,23 @@ static GLOBAL: alloc::Mimalloc = alloc::Mimalloc;
 const LIBRARY_THREAD_STACK: usize = 64 << 20;
 const TOKIO_THREAD_STACK: usize = 2 << 20;
 
+/// Turns transparent huge pages off for this process (`prctl(PR_SET_THP_DISABLE)`, as Redis
+/// does by default), for the memory it faults in from now on. mimalloc asks for huge pages on
+/// its arena (`MADV_HUGEPAGE`), and librdkafka frees and allocates its fetch buffers (megabytes
+/// each) at every fetch: the kernel then zeroed a fresh 2 MiB page again and again, about 10 %
+/// of a Kafka → null daemon's samples in a `perf` profile (`clear_page_erms`, from the broker
+/// thread's `recvmsg`) and 5 % of its CPU time measured in pairs (docs/benchmarks.md).
+fn disable_thp() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: PR_SET_THP_DISABLE takes an integer flag and touches no memory of ours.
+        let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+        if r != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "cannot turn transparent huge pages off; leaving the system's setting");
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // Before any thread starts: std reads it once, at the first spawn.
     if std::env::var_os("RUST_MIN_STACK").is_none() {
@@ -155,8 +176,15 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Run { config, threads } => {
+        Command::Run {
+            config,
+            threads,
+            allow_thp,
+        } => {
             init_logs(cli.log_format);
+            if !allow_thp {
+                disable_thp();
+            }
             // Two TLS stacks' features can both be compiled in; pick the provider explicitly.
             let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
             let cfg = match load(config.as_deref()) {
