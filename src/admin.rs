@@ -119,7 +119,9 @@ async fn handle(
     }
     Ok(match req.uri().path() {
         "/metrics" => {
-            let mut r = text(StatusCode::OK, metrics.render());
+            let mut body = metrics.render();
+            body.push_str(&sluice_core::telemetry::render_latency());
+            let mut r = text(StatusCode::OK, body);
             r.headers_mut().insert(
                 "content-type",
                 http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

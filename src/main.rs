@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 #[derive(Parser)]
 #[command(
@@ -79,12 +79,8 @@ fn init_logs(format: LogFormat) {
 }
 
 fn install_metrics() -> Result<PrometheusHandle, String> {
+    // The delivery latency histogram is not the exporter's: see `telemetry::LatencyHistogram`.
     PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full(sluice_core::telemetry::DELIVERY_LATENCY.into()),
-            sluice_core::telemetry::LATENCY_BUCKETS,
-        )
-        .map_err(|e| e.to_string())?
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))
 }

@@ -2,7 +2,11 @@
 //!
 //! Handles are registered once per component, so the hot path only bumps atomics.
 
-use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use metrics::{counter, gauge, Counter, Gauge};
 
 pub const EVENTS_RECEIVED: &str = "sluice_events_received_total";
 pub const EVENTS_DEDUPLICATED: &str = "sluice_events_deduplicated_total";
@@ -94,7 +98,7 @@ pub struct SinkTelemetry {
     pub dropped_full: Counter,
     pub queue_events: Gauge,
     pub queue_bytes: Gauge,
-    pub latency: Histogram,
+    pub latency: Arc<LatencyHistogram>,
 }
 
 impl SinkTelemetry {
@@ -112,9 +116,104 @@ impl SinkTelemetry {
             dropped_full: counter!(EVENTS_DROPPED, role => label.clone(), "reason" => "queue_full"),
             queue_events: gauge!(QUEUE_EVENTS, role => label.clone()),
             queue_bytes: gauge!(QUEUE_BYTES, role => label.clone()),
-            latency: histogram!(DELIVERY_LATENCY, role => label),
+            latency: LatencyHistogram::registered(role, &label),
         }
     }
+}
+
+/// [`DELIVERY_LATENCY`] of one stage: a Prometheus histogram over [`LATENCY_BUCKETS`] that
+/// records a batch of deliveries with one latency (a unit's events reported together) in one
+/// step, where the `metrics` exporter's histogram takes a sample per event: an epoch-pinned
+/// push and a clock reading each, about 3 % of a Kafka → `null` daemon's CPU time in a `perf`
+/// profile (docs/decisions.md, "The delivery latency histogram"). Rendered after the
+/// exporter's text by [`render_latency`].
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    /// Deliveries per bucket (not cumulative), the last one past the largest bound.
+    counts: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    /// The latencies' sum, in nanoseconds.
+    sum_nanos: AtomicU64,
+}
+
+/// Every stage's latency histogram, by (role, name): registering a name again (a test, a
+/// second pipeline in one process) shares its series, as the `metrics` registry does.
+type Registered = Vec<(&'static str, String, Arc<LatencyHistogram>)>;
+static LATENCY: Mutex<Registered> = Mutex::new(Vec::new());
+
+impl LatencyHistogram {
+    /// The histogram of stage `name` in role `role`, registered for [`render_latency`].
+    pub fn registered(role: &'static str, name: &str) -> Arc<LatencyHistogram> {
+        let mut all = LATENCY.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, _, h)) = all.iter().find(|(r, n, _)| *r == role && n == name) {
+            return h.clone();
+        }
+        let h = Arc::new(LatencyHistogram::default());
+        all.push((role, name.to_owned(), h.clone()));
+        h
+    }
+
+    /// Records `n` deliveries that each took `latency`.
+    pub fn record_many(&self, latency: Duration, n: u64) {
+        let secs = latency.as_secs_f64();
+        let i = LATENCY_BUCKETS.partition_point(|&le| le < secs);
+        self.counts[i].fetch_add(n, Ordering::Relaxed);
+        let nanos = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_nanos
+            .fetch_add(nanos.saturating_mul(n), Ordering::Relaxed);
+    }
+
+    /// Records one delivery.
+    pub fn record(&self, latency: Duration) {
+        self.record_many(latency, 1)
+    }
+
+    /// Appends this histogram's series (`_bucket`, `_sum`, `_count`) labelled `role="name"`.
+    fn render(&self, role: &str, name: &str, out: &mut String) {
+        use std::fmt::Write;
+        let mut label = String::with_capacity(name.len());
+        for c in name.chars() {
+            match c {
+                '\\' => label.push_str("\\\\"),
+                '"' => label.push_str("\\\""),
+                '\n' => label.push_str("\\n"),
+                c => label.push(c),
+            }
+        }
+        let mut cumulative = 0u64;
+        for (i, count) in self.counts.iter().enumerate() {
+            cumulative += count.load(Ordering::Relaxed);
+            let le = match LATENCY_BUCKETS.get(i) {
+                Some(b) => b.to_string(),
+                None => "+Inf".to_owned(),
+            };
+            let _ = writeln!(
+                out,
+                "{DELIVERY_LATENCY}_bucket{{{role}=\"{label}\",le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{DELIVERY_LATENCY}_sum{{{role}=\"{label}\"}} {sum}");
+        // The count is the last cumulative bucket, so that the two agree in every scrape.
+        let _ = writeln!(
+            out,
+            "{DELIVERY_LATENCY}_count{{{role}=\"{label}\"}} {cumulative}"
+        );
+    }
+}
+
+/// The text of every [`LatencyHistogram`] in the Prometheus exposition format, to follow the
+/// `metrics` exporter's text: one `# TYPE` line, then each stage's series.
+pub fn render_latency() -> String {
+    let all = LATENCY.lock().unwrap_or_else(|p| p.into_inner());
+    let mut out = String::new();
+    if all.is_empty() {
+        return out;
+    }
+    out.push_str(&format!("# TYPE {DELIVERY_LATENCY} histogram\n"));
+    for (role, name, h) in all.iter() {
+        h.render(role, name, &mut out);
+    }
+    out
 }
 
 /// What a pull source settles upstream, by outcome (the `result` label of
@@ -170,5 +269,68 @@ impl PullTelemetry {
             Settled::Retry => self.retried.increment(n),
             Settled::Reject => self.rejected.increment(n),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(text: &str, prefix: &str) -> Vec<(String, f64)> {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(|l| {
+                let (k, v) = l.rsplit_once(' ').unwrap();
+                (k.to_owned(), v.parse().unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_latency_histogram_counts_batches_into_cumulative_buckets() {
+        let h = LatencyHistogram::registered("sink", "latency-test \"a\\b\"");
+        // Registered again under the same name: the same series.
+        let same = LatencyHistogram::registered("sink", "latency-test \"a\\b\"");
+        assert!(Arc::ptr_eq(&h, &same));
+        h.record_many(Duration::from_micros(300), 10); // ≤ 0.0005
+        h.record_many(Duration::from_millis(1), 5); // exactly a bound: ≤ 0.001
+        h.record(Duration::from_millis(7)); // ≤ 0.01
+        h.record_many(Duration::from_secs(60), 2); // past the largest bound
+        let text = render_latency();
+        assert_eq!(
+            text.lines()
+                .filter(|l| *l == "# TYPE sluice_delivery_latency_seconds histogram")
+                .count(),
+            1
+        );
+        let label = r#"sink="latency-test \"a\\b\"""#;
+        let buckets = series(
+            &text,
+            &format!("sluice_delivery_latency_seconds_bucket{{{label},"),
+        );
+        let le = |b: &str| {
+            buckets
+                .iter()
+                .find(|(k, _)| k.ends_with(&format!("le=\"{b}\"}}")))
+                .unwrap_or_else(|| panic!("bucket {b} in {text}"))
+                .1
+        };
+        assert_eq!(buckets.len(), LATENCY_BUCKETS.len() + 1);
+        assert_eq!(le("0.0005"), 10.0);
+        assert_eq!(le("0.001"), 15.0);
+        assert_eq!(le("0.005"), 15.0);
+        assert_eq!(le("0.01"), 16.0);
+        assert_eq!(le("30"), 16.0);
+        assert_eq!(le("+Inf"), 18.0);
+        let one = |name: &str| {
+            series(
+                &text,
+                &format!("sluice_delivery_latency_seconds_{name}{{{label}}}"),
+            )[0]
+            .1
+        };
+        assert_eq!(one("count"), 18.0);
+        let sum = 10.0 * 0.0003 + 5.0 * 0.001 + 0.007 + 2.0 * 60.0;
+        assert!((one("sum") - sum).abs() < 1e-9, "{} vs {sum}", one("sum"));
     }
 }

@@ -38,7 +38,8 @@ pub fn metrics() -> &'static PrometheusHandle {
 
 /// The sum of every sample of `name` whose labels include all of `labels`.
 pub fn metric(name: &str, labels: &[(&str, &str)]) -> f64 {
-    let text = metrics().render();
+    let mut text = metrics().render();
+    text.push_str(&crate::telemetry::render_latency());
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {

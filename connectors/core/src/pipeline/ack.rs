@@ -508,8 +508,8 @@ impl Delivery {
         }
         let t = &sink.telemetry;
         t.delivered.increment(idxs.len() as u64);
-        let latency = now.saturating_duration_since(unit.started).as_secs_f64();
-        t.latency.record_many(latency, idxs.len());
+        let latency = now.saturating_duration_since(unit.started);
+        t.latency.record_many(latency, idxs.len() as u64);
         sink.give(bytes, budget);
         unit.report_delivered(idxs);
         run.clear();
@@ -665,7 +665,7 @@ impl Delivery {
         match status {
             Status::Delivered => {
                 t.delivered.increment(1);
-                t.latency.record(self.unit.started.elapsed().as_secs_f64());
+                t.latency.record(self.unit.started.elapsed());
             }
             Status::InFlight | Status::Failed | Status::Rejected => t.failures.increment(1),
         }
