@@ -233,9 +233,9 @@ impl Dedup {
     }
 
     /// Asks the CPU to start loading the set of `key`, so that a check of it soon after does
-    /// not wait for memory. A sender calls it for every event of a batch before checking the
-    /// first: the table is larger than the caches, and a check that misses them stalls for
-    /// the whole load (most of a check's time, measured with perf). No effect on the table.
+    /// not wait for memory. A sender calls it for each event of a batch a few events before
+    /// checking it: the table is larger than the caches, and a check that misses them stalls
+    /// for the whole load (most of a check's time, measured with perf). No effect on the table.
     #[inline]
     pub fn prefetch(&self, key: u128) {
         let (base, n) = self.tables[shard_of(key)];
