@@ -407,7 +407,28 @@ async fn webhook_to_log_end_to_end() {
         m.contains("sluice_delivery_latency_seconds_bucket{sink=\"console\",le=\"0.005\"}"),
         "{m}"
     );
+    // One latency per delivered event, and one `# TYPE` line for the histogram.
+    assert_eq!(
+        metric(
+            &m,
+            "sluice_delivery_latency_seconds_count{sink=\"console\"}"
+        ),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(
+        m.matches("# TYPE sluice_delivery_latency_seconds histogram")
+            .count(),
+        1,
+        "{m}"
+    );
     assert!(m.contains("sluice_queue_events{sink=\"console\"}"));
+    // Transparent huge pages are off for the daemon unless `--allow-thp` (docs/decisions.md).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+    assert!(
+        status.lines().any(|l| l == "THP_enabled:\t0"),
+        "THP_enabled in {status}"
+    );
     let status = d.stop();
     assert!(status.success(), "SIGTERM → exit 0, got {status:?}");
 }
