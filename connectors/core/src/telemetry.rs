@@ -125,14 +125,15 @@ impl SinkTelemetry {
 /// records a batch of deliveries with one latency (a unit's events reported together) in one
 /// step, where the `metrics` exporter's histogram takes a sample per event: an epoch-pinned
 /// push and a clock reading each, about 3 % of a Kafka → `null` daemon's CPU time in a `perf`
-/// profile (docs/decisions.md, "The delivery latency histogram"). Rendered after the
-/// exporter's text by [`render_latency`].
+/// profile (docs/decisions.md, "The delivery latency histogram is Sluice's own"). Rendered
+/// after the exporter's text by [`render_latency`].
 #[derive(Debug, Default)]
 pub struct LatencyHistogram {
     /// Deliveries per bucket (not cumulative), the last one past the largest bound.
     counts: [AtomicU64; LATENCY_BUCKETS.len() + 1],
-    /// The latencies' sum, in nanoseconds.
-    sum_nanos: AtomicU64,
+    /// The latencies' sum in seconds, as the bits of an `f64` (an integer count of nanoseconds
+    /// would wrap within days under a large backlog).
+    sum_secs: AtomicU64,
 }
 
 /// Every stage's latency histogram, by (role, name): registering a name again (a test, a
@@ -157,9 +158,12 @@ impl LatencyHistogram {
         let secs = latency.as_secs_f64();
         let i = LATENCY_BUCKETS.partition_point(|&le| le < secs);
         self.counts[i].fetch_add(n, Ordering::Relaxed);
-        let nanos = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_nanos
-            .fetch_add(nanos.saturating_mul(n), Ordering::Relaxed);
+        let add = secs * n as f64;
+        let _ = self
+            .sum_secs
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + add).to_bits())
+            });
     }
 
     /// Records one delivery.
@@ -191,7 +195,7 @@ impl LatencyHistogram {
                 "{DELIVERY_LATENCY}_bucket{{{role}=\"{label}\",le=\"{le}\"}} {cumulative}"
             );
         }
-        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let sum = f64::from_bits(self.sum_secs.load(Ordering::Relaxed));
         let _ = writeln!(out, "{DELIVERY_LATENCY}_sum{{{role}=\"{label}\"}} {sum}");
         // The count is the last cumulative bucket, so that the two agree in every scrape.
         let _ = writeln!(
@@ -332,5 +336,22 @@ mod tests {
         assert_eq!(one("count"), 18.0);
         let sum = 10.0 * 0.0003 + 5.0 * 0.001 + 0.007 + 2.0 * 60.0;
         assert!((one("sum") - sum).abs() < 1e-9, "{} vs {sum}", one("sum"));
+    }
+
+    #[test]
+    fn the_latency_sum_does_not_wrap_under_a_large_backlog() {
+        // A billion deliveries an hour late, ten times: 3.6e13 s, past what a u64 of
+        // nanoseconds holds (1.8e10 s).
+        let h = LatencyHistogram::registered("sink", "latency-backlog-test");
+        for _ in 0..10 {
+            h.record_many(Duration::from_secs(3600), 1_000_000_000);
+        }
+        let text = render_latency();
+        let sum = series(
+            &text,
+            "sluice_delivery_latency_seconds_sum{sink=\"latency-backlog-test\"}",
+        )[0]
+        .1;
+        assert!((sum / 3.6e13 - 1.0).abs() < 1e-9, "sum {sum}");
     }
 }
