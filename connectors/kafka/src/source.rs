@@ -875,6 +875,12 @@ impl KafkaSource {
                 part.wm.advance(|_| ());
             }
         }
+        // A run that took its batch's whole buffer and lost most of it here (parked past a full
+        // watermark, redelivered or invalid) gives the spare room back, so that a unit in
+        // flight holds at most twice its records' size.
+        if kept.len() * 2 < kept.capacity() {
+            kept.shrink_to_fit();
+        }
         if !kept.is_empty() {
             *in_flight += kept.len();
             let pending = ctx.sender.send_boxed(sent).await;
