@@ -125,12 +125,13 @@ static GLOBAL: alloc::Mimalloc = alloc::Mimalloc;
 const LIBRARY_THREAD_STACK: usize = 64 << 20;
 const TOKIO_THREAD_STACK: usize = 2 << 20;
 
-/// Turns transparent huge pages off for this process (`prctl(PR_SET_THP_DISABLE)`, as Redis
-/// does by default), for the memory it faults in from now on. mimalloc asks for huge pages on
-/// its arena (`MADV_HUGEPAGE`), and librdkafka frees and allocates its fetch buffers (megabytes
-/// each) at every fetch: the kernel then zeroed a fresh 2 MiB page again and again, about 10 %
-/// of a Kafka → null daemon's samples in a `perf` profile (`clear_page_erms`, from the broker
-/// thread's `recvmsg`) and 5 % of its CPU time measured in pairs (docs/benchmarks.md).
+/// Turns transparent huge pages off for this process (`prctl(PR_SET_THP_DISABLE)`, as Redis's
+/// `disable-thp` does), memory already mapped included (Linux 4.13 and later). mimalloc asks
+/// for huge pages on its arena (`MADV_HUGEPAGE`), and librdkafka frees and allocates its fetch
+/// buffers (megabytes each) at every fetch: the kernel then zeroed a fresh 2 MiB page again and
+/// again, about 10 % of a Kafka → null daemon's samples in a `perf` profile (`clear_page_erms`,
+/// from the broker thread's `recvmsg`) and 4–5 % of its CPU time measured in pairs
+/// (docs/benchmarks.md, bus sources, "2026-12-05, third session").
 fn disable_thp() {
     #[cfg(target_os = "linux")]
     {

@@ -101,8 +101,9 @@ pub async fn run(
         .map(|p| ready.register(format!("processor {}", p.name)))
         .collect();
     let admin_stop = CancellationToken::new();
-    // Histogram samples are buffered until drained: drain them on a timer, or a daemon nobody
-    // scrapes would grow without bound.
+    // The exporter buffers histogram samples until drained. It holds none now (the delivery
+    // latency is `telemetry::LatencyHistogram`), but one added later would grow without bound in
+    // a daemon nobody scrapes: drain on a timer.
     let upkeep = metrics.clone();
     let upkeep_stop = admin_stop.clone();
     tokio::spawn(async move {
