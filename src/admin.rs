@@ -19,11 +19,18 @@ use tokio_util::sync::CancellationToken;
 #[derive(Default)]
 pub struct Component {
     up: AtomicBool,
+    /// What the running component reports wrong with itself (a missing permission).
+    health: sluice_core::Health,
     /// When it stopped outside shutdown, and why (None while running or never started).
     stopped: std::sync::Mutex<Option<(Instant, String)>>,
 }
 
 impl Component {
+    /// The handle the component's context carries.
+    pub fn health(&self) -> sluice_core::Health {
+        self.health.clone()
+    }
+
     pub fn running(&self) {
         self.up.store(true, Ordering::Relaxed);
     }
@@ -69,15 +76,21 @@ impl Readiness {
         self.draining.store(true, Ordering::Relaxed);
     }
 
-    /// The components that are not running (empty when ready).
+    /// The components that are not running, or that run with a problem they reported (with
+    /// its text); empty when ready.
     pub fn not_ready(&self) -> Vec<String> {
-        self.components
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, c)| !c.up.load(Ordering::Relaxed))
-            .map(|(n, _)| n.clone())
-            .collect()
+        let mut out = Vec::new();
+        for (n, c) in self.components.lock().unwrap().iter() {
+            if !c.up.load(Ordering::Relaxed) {
+                out.push(n.clone());
+                continue;
+            }
+            let problems = c.health.problems();
+            if !problems.is_empty() {
+                out.push(format!("{n} ({})", problems.join("; ")));
+            }
+        }
+        out
     }
 
     /// The components that stopped outside shutdown at least `liveness_grace` ago, with the
@@ -206,6 +219,23 @@ mod tests {
         source.running();
         assert!(r.not_ready().is_empty());
         sink.stopped("connection refused".into());
+        assert_eq!(r.not_ready(), ["sink out"]);
+        // A running component that reports a problem is not ready, with its text, until the
+        // problem is cleared.
+        let health = r.register("sink k8s".into());
+        health.running();
+        health.health().problem(
+            "rbac",
+            "missing permission: create argoproj.io/workflows in argo",
+        );
+        assert_eq!(
+            r.not_ready(),
+            [
+                "sink out",
+                "sink k8s (missing permission: create argoproj.io/workflows in argo)"
+            ]
+        );
+        health.health().clear("rbac");
         assert_eq!(r.not_ready(), ["sink out"]);
         assert!(
             r.dead().is_empty(),

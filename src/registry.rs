@@ -344,6 +344,21 @@ pub fn kinds() -> Vec<Kind> {
             "pubsub",
             "GCP Pub/Sub Publish in batches (CloudEvents Pub/Sub binding, ordering keys), delivered = the message id returned",
         ),
+        #[cfg(feature = "kubernetes")]
+        source::<sluice_kubernetes::K8sSourceConfig>(
+            "k8s",
+            "Kubernetes watch of any kind (Argo's resource EventSource): ADD/UPDATE/DELETE with Argo's payload, resourceVersions kept so nothing is missed across restarts",
+        ),
+        #[cfg(feature = "kubernetes")]
+        sink::<sluice_kubernetes::K8sSinkConfig>(
+            "k8s",
+            "Kubernetes trigger: create (idempotent generateName), update, patch (merge, JSON, strategic), apply, delete any kind; permissions checked at start",
+        ),
+        #[cfg(feature = "kubernetes")]
+        sink::<sluice_kubernetes::ArgoWorkflowConfig>(
+            "argo-workflow",
+            "Argo Workflows trigger, native: submit, submit-from (WorkflowTemplate, ClusterWorkflowTemplate, CronWorkflow), suspend, stop, terminate; resume, retry, resubmit through the Argo Server",
+        ),
         #[cfg(feature = "http")]
         sink::<sluice_http::HttpSinkConfig>(
             "http",

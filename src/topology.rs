@@ -206,6 +206,7 @@ pub async fn run(
             grace_over: sink_stop.clone(),
             state: store.clone(),
             shared: shared.clone(),
+            health: up.health(),
         };
         let what = format!("sink {}", entry.name);
         sink_tasks.push(start(what, entry.kind, entry.config.build(ctx), up).await?);
@@ -230,6 +231,7 @@ pub async fn run(
             grace_over: sink_stop.clone(),
             state: store.clone(),
             shared: shared.clone(),
+            health: up.health(),
         };
         let what = format!("processor {}", entry.name);
         processor_tasks.push(start(what, entry.kind, entry.config.build(ctx), up).await?);
@@ -249,6 +251,7 @@ pub async fn run(
             sender,
             state: store.clone(),
             shared: shared.clone(),
+            health: up.health(),
         };
         let what = format!("source {}", entry.name);
         source_tasks.push(start(what, entry.kind, entry.config.build(ctx), up).await?);

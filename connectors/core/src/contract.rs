@@ -7,7 +7,7 @@
 //! do not change when a new need appears.
 
 use std::any::{Any, TypeId};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -48,6 +48,8 @@ pub struct SourceContext {
     pub state: Option<Arc<dyn StateStore>>,
     /// Resources shared by connectors of one family (e.g. webhook listeners on one port).
     pub shared: Shared,
+    /// Problems that keep it from doing its job while it runs (`/readyz` shows them).
+    pub health: Health,
 }
 
 /// What every sink gets.
@@ -62,6 +64,8 @@ pub struct SinkContext {
     pub grace_over: CancellationToken,
     pub state: Option<Arc<dyn StateStore>>,
     pub shared: Shared,
+    /// Problems that keep it from doing its job while it runs (`/readyz` shows them).
+    pub health: Health,
 }
 
 /// What every processor gets: an input queue as a sink has, and a sender as a source has.
@@ -80,6 +84,8 @@ pub struct ProcessorContext {
     pub grace_over: CancellationToken,
     pub state: Option<Arc<dyn StateStore>>,
     pub shared: Shared,
+    /// Problems that keep it from doing its job while it runs (`/readyz` shows them).
+    pub health: Health,
 }
 
 /// A stage named in a processor's own config, with where it is named (config path segments
@@ -155,5 +161,38 @@ impl Shared {
             .clone()
             .downcast::<T>()
             .unwrap_or_else(|_| unreachable!("the map is keyed by TypeId"))
+    }
+}
+
+/// What a running component knows is wrong with it: a permission it lacks, a peer that refuses
+/// it. Each problem has a key (so it can be cleared when fixed) and a text that names what to
+/// do. While any is set, the daemon's `/readyz` reports the component not ready, with the
+/// texts.
+#[derive(Clone, Default)]
+pub struct Health(Arc<Mutex<BTreeMap<String, String>>>);
+
+impl Health {
+    /// Sets (or replaces) the problem `key`.
+    pub fn problem(&self, key: impl Into<String>, what: impl Into<String>) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.insert(key.into(), what.into());
+    }
+
+    /// Clears the problem `key`, if set.
+    pub fn clear(&self, key: &str) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.remove(key);
+    }
+
+    /// The problems' texts, in key order (empty while healthy).
+    pub fn problems(&self) -> Vec<String> {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.values().cloned().collect()
+    }
+}
+
+impl fmt::Debug for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Health").field(&self.problems()).finish()
     }
 }

@@ -10,6 +10,8 @@ pub mod hint;
 pub mod http_binding;
 pub mod json;
 pub mod kafka_binding;
+#[cfg(feature = "params")]
+pub mod params;
 pub mod pipeline;
 pub mod pull;
 #[cfg(feature = "cloudevents-sdk")]
@@ -22,8 +24,8 @@ pub mod testkit;
 pub mod units;
 
 pub use contract::{
-    BoxFuture, ConnectorError, NamedStage, ProcessorConfig, ProcessorContext, Running, Shared,
-    SinkConfig, SinkContext, SourceConfig, SourceContext, Wiring,
+    BoxFuture, ConnectorError, Health, NamedStage, ProcessorConfig, ProcessorContext, Running,
+    Shared, SinkConfig, SinkContext, SourceConfig, SourceContext, Wiring,
 };
 pub use event::{Data, Event, EventError, ExtValue, Str, Timestamp};
 pub use pipeline::{

@@ -43,6 +43,20 @@ pub const SENSOR_STATE_EVENTS: &str = "sluice_sensor_state_events";
 /// Partial matches dropped: `reason` = `reset`, `ttl`, `capacity`.
 pub const SENSOR_STATE_EVICTIONS: &str = "sluice_sensor_state_evictions_total";
 
+/// Kubernetes API calls of a kubernetes component: `verb` (create, get, patch, …), `code`
+/// (the HTTP status, or `error` when none came back).
+pub const K8S_REQUESTS: &str = "sluice_k8s_requests_total";
+/// Permissions a kubernetes component needs and lacks (a `SelfSubjectAccessReview` said no,
+/// or the API answered 403): 0 when all are granted.
+pub const K8S_PERMISSIONS_MISSING: &str = "sluice_k8s_permissions_missing";
+/// Creates the API server answered 409 AlreadyExists for: a redelivered event whose object
+/// (named from the event id) was made before; counted delivered.
+pub const K8S_DUPLICATE_CREATES: &str = "sluice_k8s_duplicate_creates_total";
+/// Objects a `k8s` source keeps the resourceVersion of.
+pub const K8S_WATCHED_OBJECTS: &str = "sluice_k8s_watched_objects";
+/// Watch restarts of a `k8s` source (a dropped connection, 410 Gone): `reason`.
+pub const K8S_WATCH_RESTARTS: &str = "sluice_k8s_watch_restarts_total";
+
 /// Buckets for [`DELIVERY_LATENCY`], in seconds.
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

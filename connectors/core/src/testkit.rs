@@ -90,6 +90,8 @@ pub struct SourceRig {
     pub state: Arc<MemoryStateStore>,
     sender: Option<SourceSender>,
     capture: Option<Capture>,
+    /// The health handle the component's context carries (what `/readyz` would show).
+    pub health: crate::Health,
 }
 
 impl SourceRig {
@@ -109,6 +111,7 @@ impl SourceRig {
         SourceRig {
             shutdown: CancellationToken::new(),
             state: Arc::new(MemoryStateStore::default()),
+            health: crate::Health::default(),
             sender: built.senders.pop(),
             capture: built.inputs.pop().map(|input| Capture { input }),
         }
@@ -125,6 +128,7 @@ impl SourceRig {
                 .expect("testkit: context() is taken once"),
             state: Some(self.state.clone() as Arc<dyn StateStore>),
             shared: Shared::default(),
+            health: self.health.clone(),
         }
     }
 
@@ -237,6 +241,8 @@ pub struct SinkRig {
     pub state: Arc<MemoryStateStore>,
     sender: Option<SourceSender>,
     input: Option<SinkInput>,
+    /// The health handle the component's context carries (what `/readyz` would show).
+    pub health: crate::Health,
 }
 
 impl SinkRig {
@@ -251,6 +257,7 @@ impl SinkRig {
         SinkRig {
             grace_over: CancellationToken::new(),
             state: Arc::new(MemoryStateStore::default()),
+            health: crate::Health::default(),
             sender: built.senders.pop(),
             input: built.inputs.pop(),
         }
@@ -274,6 +281,7 @@ impl SinkRig {
             SinkRig {
                 grace_over: CancellationToken::new(),
                 state: Arc::new(MemoryStateStore::default()),
+                health: crate::Health::default(),
                 sender: built.senders.pop(),
                 input: built.inputs.pop(),
             },
@@ -289,6 +297,7 @@ impl SinkRig {
             grace_over: self.grace_over.clone(),
             state: Some(self.state.clone() as Arc<dyn StateStore>),
             shared: Shared::default(),
+            health: self.health.clone(),
         }
     }
 
@@ -316,6 +325,8 @@ pub struct ProcessorRig {
     feeds: Vec<(String, SourceSender)>,
     context: Option<(SinkInput, SourceSender)>,
     captures: Vec<(String, Option<Capture>)>,
+    /// The health handle the component's context carries (what `/readyz` would show).
+    pub health: crate::Health,
 }
 
 impl ProcessorRig {
@@ -392,6 +403,7 @@ impl ProcessorRig {
         ProcessorRig {
             grace_over: CancellationToken::new(),
             state: Arc::new(MemoryStateStore::default()),
+            health: crate::Health::default(),
             feeds: feeds.iter().map(|f| f.to_string()).zip(senders).collect(),
             context: input.zip(out),
             captures: targets
@@ -415,6 +427,7 @@ impl ProcessorRig {
             grace_over: self.grace_over.clone(),
             state: Some(self.state.clone() as Arc<dyn StateStore>),
             shared: Shared::default(),
+            health: self.health.clone(),
         }
     }
 

@@ -11,7 +11,7 @@ use sluice_core::Event;
 use crate::expr::Expr;
 use crate::json::{Doc, Found};
 use crate::script::Script;
-use crate::tmpl::Tmpl;
+use sluice_core::params::tmpl::Tmpl;
 
 /// `and` or `or`, lower case (Argo refuses other spellings too).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

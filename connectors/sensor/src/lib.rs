@@ -12,10 +12,8 @@ mod expr;
 mod filter;
 mod jq;
 mod json;
-mod params;
 mod run;
 mod script;
-mod tmpl;
 
 use std::time::Duration;
 
@@ -27,7 +25,7 @@ use sluice_core::{
 
 pub use condition::Cond;
 pub use filter::{FiltersConfig, Logic};
-pub use params::{Operation, ParamConfig};
+pub use sluice_core::params::{Operation, ParamConfig};
 
 /// `sensors.<name>`: dependencies and triggers.
 #[derive(Debug, Clone, Deserialize)]

@@ -25,8 +25,8 @@ use sluice_core::{
 use crate::condition::{self, Cond};
 use crate::filter::Filters;
 use crate::json::{Doc, Plan};
-use crate::params::{context_json, Param, Resolved};
 use crate::{expr, Retry, SensorConfig};
+use sluice_core::params::{context_json, Param, Resolved};
 
 const BATCH: usize = 64;
 
@@ -477,11 +477,14 @@ impl Sensor {
         let mut checked = Checked::default();
         let mut resolve = |p: &Param| {
             let e = by_dep(p.dep);
-            let text = match e {
-                Some(e) if p.reads_data_key() => Some(checked.of(p.dep, e)),
+            let doc = match e {
+                Some(e) if p.reads_data_key() => checked.of(p.dep, e).as_ref().ok(),
                 _ => None,
             };
-            p.resolve_with(e, text)
+            match doc {
+                Some(doc) => p.resolve_with(e, Some(&|key| doc.as_ref().map(|d| d.get(key)))),
+                None => p.resolve_with(e, None),
+            }
         };
         let mut outs = if tr.payload.is_empty() {
             copies(have)

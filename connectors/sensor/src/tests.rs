@@ -10,8 +10,8 @@ use sluice_core::testkit::{metric, ProcessorRig};
 use sluice_core::{Event, ProcessorConfig, Status, Timestamp};
 
 use crate::filter::{Filters, FiltersConfig, Logic};
-use crate::params::{ParamConfig, Resolved};
 use crate::{expr, Retry, SensorConfig};
+use sluice_core::params::{ParamConfig, Resolved};
 
 fn filters(cfg: serde_json::Value, logic: Logic) -> Result<Filters, String> {
     let cfg: FiltersConfig = serde_json::from_value(cfg).map_err(|e| e.to_string())?;
@@ -619,9 +619,9 @@ fn argo_filters_logical_operator() {
     assert_eq!(eval(&only, &ev), (false, false));
 }
 
-fn param(p: serde_json::Value) -> crate::params::Param {
+fn param(p: serde_json::Value) -> sluice_core::params::Param {
     let cfg: ParamConfig = serde_json::from_value(p).unwrap();
-    crate::params::Param::compile(&cfg, 0, "p").unwrap()
+    sluice_core::params::Param::compile(&cfg, 0, "p").unwrap()
 }
 
 fn text(r: Resolved) -> String {
@@ -703,7 +703,7 @@ fn argo_resolve_param_value() {
         json!({"src": {"dependencyName": "d", "dataTemplate": "{{ no }}"}, "dest": "x"}),
     )
     .unwrap();
-    assert!(crate::params::Param::compile(&bad, 0, "p").is_err());
+    assert!(sluice_core::params::Param::compile(&bad, 0, "p").is_err());
 }
 
 #[test]

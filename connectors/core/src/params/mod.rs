@@ -1,14 +1,18 @@
-//! Trigger parameters (Argo's `TriggerParameter`): a value taken from a dependency's event
-//! (`dataKey`, `dataTemplate`, `contextKey`, `contextTemplate`, `value` as the fallback) and
-//! written at `dest` into a JSON document (the trigger's payload, or the output event's
-//! attributes) with `operation` overwrite, append or prepend.
+//! Argo's `TriggerParameter`: a value taken from an event (`dataKey`, `dataTemplate`,
+//! `contextKey`, `contextTemplate`, `value` as the fallback) and written at `dest` into a JSON
+//! document with `operation` overwrite, append or prepend. The Sensor writes into a trigger's
+//! payload or its output event's attributes (the event is a dependency's); a trigger sink (the
+//! Kubernetes ones) writes into the object it sends (the event is the one it received).
+//!
+//! Behind the `params` feature (gjson, Go templates).
+
+pub mod tmpl;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use sluice_core::Event;
 
-use crate::json::Doc;
-use crate::tmpl::Tmpl;
+use crate::Event;
+use tmpl::Tmpl;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,7 +29,9 @@ pub struct ParamConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SrcConfig {
-    #[serde(rename = "dependencyName")]
+    /// The Sensor's dependency whose event is read (required there; a trigger sink reads the
+    /// event it received and ignores this).
+    #[serde(default, rename = "dependencyName")]
     pub dependency_name: String,
     /// gjson path into the event's data.
     #[serde(default, rename = "dataKey")]
@@ -135,8 +141,7 @@ impl Param {
         })
     }
 
-    /// [`Param::resolve_with`], the data checked here.
-    #[cfg(test)]
+    /// [`Param::resolve_with`], the data read here.
     pub fn resolve(&self, event: Option<&Event>) -> Result<Resolved, String> {
         self.resolve_with(event, None)
     }
@@ -149,12 +154,14 @@ impl Param {
 
     /// Resolves against the dependency's event (`None`: the dependency has no event). Argo's
     /// precedence: a template, else a key, else `value`; neither key nor template: the whole
-    /// event (`{context, data}`). `checked`: the event's data already checked as JSON
-    /// (`crate::run::data_text`) when the caller has it; `None`: checked here if needed.
+    /// event (`{context, data}`). `lookup`: reads a gjson key in the event's data when the
+    /// caller has the data checked as JSON and indexed (the Sensor does it once per event for
+    /// all its parameters); it answers `None` when the data is not JSON. No `lookup`, or
+    /// `None` from it: the data is read here.
     pub fn resolve_with(
         &self,
         event: Option<&Event>,
-        checked: Option<&Result<Option<Doc<'_>>, String>>,
+        lookup: Option<&dyn Fn(&str) -> Option<gjson::Value<'_>>>,
     ) -> Result<Resolved, String> {
         let Some(e) = event else {
             return Ok(match &self.value {
@@ -202,27 +209,25 @@ impl Param {
         }
         if let Some(key) = key.as_deref().filter(|k| !data_side && is_name(k)) {
             // A plain attribute name: read it off the event, without a JSON copy of the context.
-            if let Some(v) = sluice_core::template::attr(e, key) {
+            if let Some(v) = crate::template::attr(e, key) {
                 return Ok(Resolved::Value(Value::String(v.into_owned())));
             }
         }
         if let Some(key) = key {
-            // The data as it came (raw values keep their text), looked up from the member the
-            // key starts with; else the data or the context as JSON.
-            let own_check;
-            let doc = match (data_side, checked) {
-                (false, _) => None,
-                (true, Some(c)) => c.as_ref().ok().and_then(Option::as_ref),
-                (true, None) => {
-                    own_check = crate::run::data_text(e);
-                    own_check.as_ref().ok().and_then(Option::as_ref)
-                }
+            // The data as it came (raw values keep their text), through the caller's index when
+            // it has one; else the data or the context as JSON.
+            let indexed = match (data_side, lookup) {
+                (true, Some(f)) => f(key),
+                _ => None,
             };
             let own;
-            let r = match doc {
-                Some(d) => d.get(key),
+            let r = match indexed {
+                Some(r) => r,
                 None => {
-                    own = input().to_string();
+                    own = match data_side.then(|| json_text(e)).flatten() {
+                        Some(text) => std::borrow::Cow::Borrowed(text),
+                        None => std::borrow::Cow::Owned(input().to_string()),
+                    };
                     gjson::get(&own, key)
                 }
             };
@@ -345,6 +350,13 @@ fn slot<'a>(doc: &'a mut Value, dest: &[Seg]) -> Result<&'a mut Value, String> {
         };
     }
     Ok(cur)
+}
+
+/// The event's data as text when it is a JSON document.
+fn json_text(e: &Event) -> Option<&str> {
+    let b = e.data.as_bytes()?;
+    let text = simdutf8::basic::from_utf8(b).ok()?;
+    crate::json::is_document(b).then_some(text)
 }
 
 /// The event's data as JSON: parsed when it is JSON, else its text.
