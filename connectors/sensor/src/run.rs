@@ -527,6 +527,12 @@ impl Sensor {
                     .with_json(serde_json::to_vec(&doc).unwrap_or_default()),
             ]
         };
+        // Which sensor and trigger made it: a Kubernetes trigger labels what it creates with
+        // them (Argo's `events.argoproj.io/sensor` and `…/trigger`).
+        for out in &mut outs {
+            out.set_extension(SENSOR_EXT.to_owned(), self.name.clone());
+            out.set_extension(TRIGGER_EXT.to_owned(), tr.name.clone());
+        }
         if !tr.parameters.is_empty() {
             for out in &mut outs {
                 let mut doc = context_json(out);
@@ -561,6 +567,11 @@ impl Sensor {
         Ok(outs)
     }
 }
+
+/// The extension naming the sensor that made an output event.
+pub const SENSOR_EXT: &str = "sensor";
+/// The extension naming the trigger that made an output event.
+pub const TRIGGER_EXT: &str = "trigger";
 
 /// The dependencies' data checked as JSON while one trigger's output is built.
 #[derive(Default)]

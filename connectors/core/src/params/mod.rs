@@ -158,10 +158,10 @@ impl Param {
     /// caller has the data checked as JSON and indexed (the Sensor does it once per event for
     /// all its parameters); it answers `None` when the data is not JSON. No `lookup`, or
     /// `None` from it: the data is read here.
-    pub fn resolve_with(
-        &self,
+    pub fn resolve_with<'k>(
+        &'k self,
         event: Option<&Event>,
-        lookup: Option<&dyn Fn(&str) -> Option<gjson::Value<'_>>>,
+        lookup: Option<&dyn Fn(&'k str) -> Option<gjson::Value<'k>>>,
     ) -> Result<Resolved, String> {
         let Some(e) = event else {
             return Ok(match &self.value {

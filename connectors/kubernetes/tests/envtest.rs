@@ -1,0 +1,476 @@
+//! The Kubernetes connectors against a real API server: `scripts/envtest.sh start` (the
+//! upstream apiextensions-apiserver with etcd, Argo's kinds as CRDs), whose kubeconfig is in
+//! `SLUICE_TEST_KUBECONFIG` (set by `scripts/test.sh`), else at the script's default path.
+//! Without a server these tests fail with what to run; they never skip.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kube::api::{
+    ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use serde_json::{json, Value};
+use sluice_core::testkit::{self, SourceRig};
+use sluice_core::{Event, SourceConfig, Status};
+use sluice_kubernetes::{ArgoWorkflowConfig, K8sSinkConfig, K8sSourceConfig};
+
+fn kubeconfig() -> PathBuf {
+    if let Ok(p) = std::env::var("SLUICE_TEST_KUBECONFIG") {
+        return PathBuf::from(p);
+    }
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/k8s-envtest/run/kubeconfig");
+    assert!(
+        p.exists(),
+        "no test API server: run `scripts/envtest.sh start` (scripts/test.sh does) or set SLUICE_TEST_KUBECONFIG"
+    );
+    p
+}
+
+async fn client() -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig()).expect("kubeconfig");
+    let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    Client::try_from(cfg).expect("client")
+}
+
+fn workflows(c: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Workflow"),
+        "workflows",
+    );
+    Api::namespaced_with(c.clone(), ns, &ar)
+}
+
+/// A namespace of its own per test (the test server needs no Namespace object).
+fn ns(test: &str) -> String {
+    format!("{test}-{}", std::process::id())
+}
+
+fn kc() -> String {
+    kubeconfig().display().to_string()
+}
+
+fn s3_event(id: &str, key: &str) -> Event {
+    Event::new(
+        id,
+        "aws:s3.us-east-1.uploads",
+        "com.amazonaws.s3.ObjectCreated:Put",
+    )
+    .with_subject(key.to_owned())
+    .with_json(json!({"s3": {"bucket": {"name": "uploads"}, "object": {"key": key}}}).to_string())
+}
+
+fn workflow_template() -> Value {
+    json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"generateName": "s3-processing-", "labels": {"app": "orders"}},
+        "spec": {"entrypoint": "process", "arguments": {"parameters": [{"name": "key"}]},
+                 "templates": [{"name": "process", "container": {"image": "alpine", "command": ["echo"]}}]}
+    })
+}
+
+async fn wait_list(api: &Api<DynamicObject>, sel: &str, n: usize) -> Vec<DynamicObject> {
+    for _ in 0..100 {
+        let l = api.list(&ListParams::default().labels(sel)).await.unwrap();
+        if l.items.len() >= n {
+            return l.items;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    api.list(&ListParams::default().labels(sel))
+        .await
+        .unwrap()
+        .items
+}
+
+#[tokio::test]
+async fn create_with_generate_name_is_idempotent_per_event() {
+    let ns = ns("create");
+    let rig = testkit::start_sink::<K8sSinkConfig>(
+        "wf",
+        json!({
+            "kubeconfig": kc(), "namespace": ns, "resource": workflow_template(),
+            "parameters": [{"src": {"dataKey": "s3.object.key"}, "dest": "spec.arguments.parameters.0.value"}]
+        }),
+    )
+    .await;
+    let out = rig.send(vec![s3_event("e-1", "in/a.csv")]).await;
+    assert_eq!(out.status, Status::Delivered, "{out:?}");
+    // The same event through another instance (a replica, or this one after a crash: its
+    // pipeline's dedup window does not have it): the derived name meets 409, delivered.
+    let replica = testkit::start_sink::<K8sSinkConfig>(
+        "wf",
+        json!({
+            "kubeconfig": kc(), "namespace": ns, "resource": workflow_template(),
+            "parameters": [{"src": {"dataKey": "s3.object.key"}, "dest": "spec.arguments.parameters.0.value"}]
+        }),
+    )
+    .await;
+    let again = replica.send(vec![s3_event("e-1", "in/a.csv")]).await;
+    assert_eq!(again.status, Status::Delivered, "{again:?}");
+    let other = rig.send(vec![s3_event("e-2", "in/b.csv")]).await;
+    assert_eq!(other.status, Status::Delivered, "{other:?}");
+
+    let c = client().await;
+    let items = wait_list(&workflows(&c, &ns), "app=orders", 2).await;
+    assert_eq!(items.len(), 2, "one Workflow per event");
+    let mut keys: Vec<String> = items
+        .iter()
+        .map(|w| {
+            w.data["spec"]["arguments"]["parameters"][0]["value"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["in/a.csv", "in/b.csv"]);
+    for w in &items {
+        let name = w.metadata.name.as_deref().unwrap();
+        assert!(
+            name.starts_with("s3-processing-") && name.len() == "s3-processing-".len() + 10,
+            "{name}"
+        );
+        let labels = w.metadata.labels.as_ref().unwrap();
+        assert!(labels.contains_key("events.argoproj.io/action-timestamp"));
+    }
+    assert_eq!(
+        testkit::metric("sluice_k8s_duplicate_creates_total", &[("sink", "wf")]),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn the_server_refusing_an_object_rejects_the_event_with_its_message() {
+    let ns = ns("reject");
+    let rig = testkit::start_sink::<K8sSinkConfig>(
+        "bad",
+        json!({"kubeconfig": kc(), "namespace": ns, "resource": {
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "Not_A_DNS_Name"}, "spec": {}}}),
+    )
+    .await;
+    let out = rig.send(vec![Event::new("x", "s", "t")]).await;
+    assert_eq!(out.status, Status::Rejected, "{out:?}");
+    let reason = out.reason.unwrap();
+    assert!(
+        reason.contains("422") && reason.contains("Not_A_DNS_Name"),
+        "{reason}"
+    );
+}
+
+#[tokio::test]
+async fn patch_update_apply_and_delete() {
+    let ns = ns("ops");
+    let c = client().await;
+    let api = workflows(&c, &ns);
+    let named = |name: &str| {
+        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+               "metadata": {"name": name, "labels": {"a": "1"}}, "spec": {"entrypoint": "x", "keep": true}})
+    };
+    let obj: DynamicObject = serde_json::from_value(named("target")).unwrap();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+
+    // Merge patch: the template's fields over the live object.
+    let rig = testkit::start_sink::<K8sSinkConfig>("patch", json!({"kubeconfig": kc(), "namespace": ns, "operation": "patch",
+        "resource": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "target"}, "spec": {"priority": 1}},
+        "parameters": [{"src": {"dataKey": "who"}, "dest": "metadata.labels.who"}]})).await;
+    let out = rig
+        .send(vec![
+            Event::new("p1", "s", "t").with_json(r#"{"who":"ops"}"#)
+        ])
+        .await;
+    assert_eq!(out.status, Status::Delivered, "{out:?}");
+    let live = api.get("target").await.unwrap();
+    assert_eq!(live.data["spec"]["priority"], 1);
+    assert_eq!(live.data["spec"]["keep"], true);
+    assert_eq!(live.metadata.labels.as_ref().unwrap()["who"], "ops");
+
+    // JSON Patch: an array of operations, the object named by target (Argo #3032).
+    let rig = testkit::start_sink::<K8sSinkConfig>("jsonpatch", json!({"kubeconfig": kc(), "namespace": ns, "operation": "patch",
+        "patchStrategy": "application/json-patch+json",
+        "target": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "target"},
+        "resource": [{"op": "replace", "path": "/spec/priority", "value": 0}, {"op": "add", "path": "/spec/note", "value": ""}],
+        "parameters": [{"src": {"dataKey": "n", "useRawData": true}, "dest": "0.value"}, {"src": {"dataKey": "note"}, "dest": "1.value"}]})).await;
+    let out = rig
+        .send(vec![
+            Event::new("j1", "s", "t").with_json(r#"{"n":7,"note":"hi"}"#)
+        ])
+        .await;
+    assert_eq!(out.status, Status::Delivered, "{out:?}");
+    let live = api.get("target").await.unwrap();
+    assert_eq!(live.data["spec"]["priority"], 7);
+    assert_eq!(live.data["spec"]["note"], "hi");
+
+    // Update: merged over the live object (its other fields kept), PUT with its version.
+    let rig = testkit::start_sink::<K8sSinkConfig>("update", json!({"kubeconfig": kc(), "namespace": ns, "operation": "update",
+        "resource": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "target"}, "spec": {"priority": 9}}})).await;
+    assert_eq!(
+        rig.send(vec![Event::new("u1", "s", "t")]).await.status,
+        Status::Delivered
+    );
+    let live = api.get("target").await.unwrap();
+    assert_eq!(live.data["spec"]["priority"], 9);
+    assert_eq!(live.data["spec"]["note"], "hi");
+    // Update of an absent object creates it.
+    let rig2 = testkit::start_sink::<K8sSinkConfig>(
+        "update2",
+        json!({"kubeconfig": kc(), "namespace": ns, "operation": "update",
+        "resource": named("fresh")}),
+    )
+    .await;
+    assert_eq!(
+        rig2.send(vec![Event::new("u2", "s", "t")]).await.status,
+        Status::Delivered
+    );
+    assert!(api.get_opt("fresh").await.unwrap().is_some());
+
+    // Server-side apply with field manager sluice.
+    let rig = testkit::start_sink::<K8sSinkConfig>("apply", json!({"kubeconfig": kc(), "namespace": ns, "operation": "apply",
+        "resource": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "applied"}, "spec": {"entrypoint": "a"}}})).await;
+    assert_eq!(
+        rig.send(vec![Event::new("a1", "s", "t")]).await.status,
+        Status::Delivered
+    );
+    let live = api.get("applied").await.unwrap();
+    let managers: Vec<_> = live
+        .metadata
+        .managed_fields
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert!(managers.contains(&"sluice".to_owned()), "{managers:?}");
+
+    // Delete, and a delete of what is gone counts as done.
+    let rig = testkit::start_sink::<K8sSinkConfig>(
+        "delete",
+        json!({"kubeconfig": kc(), "namespace": ns, "operation": "delete",
+        "resource": named("fresh")}),
+    )
+    .await;
+    assert_eq!(
+        rig.send(vec![Event::new("d1", "s", "t")]).await.status,
+        Status::Delivered
+    );
+    assert_eq!(
+        rig.send(vec![Event::new("d2", "s", "t")]).await.status,
+        Status::Delivered
+    );
+    for _ in 0..50 {
+        if api.get_opt("fresh").await.unwrap().is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(api.get_opt("fresh").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_cluster_scoped_kind_gets_no_namespace() {
+    let rig = testkit::start_sink::<K8sSinkConfig>("cwt", json!({"kubeconfig": kc(), "namespace": "argo", "operation": "apply",
+        "resource": {"apiVersion": "argoproj.io/v1alpha1", "kind": "ClusterWorkflowTemplate",
+                     "metadata": {"name": format!("cluster-{}", std::process::id()), "namespace": "ignored"}, "spec": {"entrypoint": "x"}}})).await;
+    let out = rig.send(vec![Event::new("c1", "s", "t")]).await;
+    assert_eq!(out.status, Status::Delivered, "{out:?}");
+    let c = client().await;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "ClusterWorkflowTemplate"),
+        "clusterworkflowtemplates",
+    );
+    let api: Api<DynamicObject> = Api::all_with(c, &ar);
+    let got = api
+        .get(&format!("cluster-{}", std::process::id()))
+        .await
+        .unwrap();
+    assert!(got.metadata.namespace.is_none());
+}
+
+#[tokio::test]
+async fn argo_workflow_submit_from_template_and_stop() {
+    let ns = ns("argo");
+    let c = client().await;
+    let wt_ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "WorkflowTemplate"),
+        "workflowtemplates",
+    );
+    let wt: DynamicObject = serde_json::from_value(json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "WorkflowTemplate",
+        "metadata": {"name": "nightly"}, "spec": {"entrypoint": "main", "arguments": {"parameters": [{"name": "day", "value": "x"}]}}})).unwrap();
+    Api::<DynamicObject>::namespaced_with(c.clone(), &ns, &wt_ar)
+        .create(&PostParams::default(), &wt)
+        .await
+        .unwrap();
+
+    let rig = testkit::start_sink::<ArgoWorkflowConfig>("from", json!({"kubeconfig": kc(), "namespace": ns, "operation": "submit-from",
+        "resource": {"apiVersion": "argoproj.io/v1alpha1", "kind": "WorkflowTemplate", "metadata": {"name": "nightly"},
+                     "spec": {"arguments": {"parameters": [{"name": "day"}]}}},
+        "parameters": [{"src": {"dataKey": "day"}, "dest": "spec.arguments.parameters.0.value"}]})).await;
+    let out = rig
+        .send(vec![
+            Event::new("n1", "cron", "tick").with_json(r#"{"day":"2026-12-07"}"#)
+        ])
+        .await;
+    assert_eq!(out.status, Status::Delivered, "{out:?}");
+    let wfs = workflows(&c, &ns);
+    let items = wait_list(&wfs, "workflows.argoproj.io/workflow-template=nightly", 1).await;
+    assert_eq!(items.len(), 1);
+    let wf = &items[0];
+    assert_eq!(wf.data["spec"]["workflowTemplateRef"]["name"], "nightly");
+    assert_eq!(
+        wf.data["spec"]["arguments"]["parameters"][0]["value"],
+        "2026-12-07"
+    );
+    let name = wf.metadata.name.clone().unwrap();
+    assert!(name.starts_with("nightly-"), "{name}");
+
+    // Stop it by label (Argo #1258), then a stop of a finished Workflow is refused clearly.
+    let stop = testkit::start_sink::<ArgoWorkflowConfig>(
+        "stop",
+        json!({"kubeconfig": kc(), "namespace": ns, "operation": "stop",
+        "selector": "workflows.argoproj.io/workflow-template=nightly",
+        "resource": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow"}}),
+    )
+    .await;
+    assert_eq!(
+        stop.send(vec![Event::new("s1", "s", "t")]).await.status,
+        Status::Delivered
+    );
+    assert_eq!(
+        wfs.get(&name).await.unwrap().data["spec"]["shutdown"],
+        "Stop"
+    );
+    wfs.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+    )
+    .await
+    .unwrap();
+    let out = stop.send(vec![Event::new("s2", "s", "t")]).await;
+    assert_eq!(out.status, Status::Rejected);
+    assert!(
+        out.reason
+            .as_deref()
+            .unwrap()
+            .contains("already finished (phase Succeeded)"),
+        "{out:?}"
+    );
+}
+
+/// The `k8s` source: a relist of what it knew (ADD for new objects only), live changes, and
+/// after a restart UPDATE for what changed while it was down and DELETE for what went.
+#[tokio::test]
+async fn the_source_misses_nothing_across_a_restart() {
+    let ns = ns("watch");
+    let c = client().await;
+    let api = workflows(&c, &ns);
+    let mk = |name: &str| -> DynamicObject {
+        serde_json::from_value(
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+            "metadata": {"name": name, "labels": {"app": "orders"}}, "spec": {"entrypoint": "x"}}),
+        )
+        .unwrap()
+    };
+    api.create(&PostParams::default(), &mk("a")).await.unwrap();
+    api.create(&PostParams::default(), &mk("b")).await.unwrap();
+    let cfg = json!({"kubeconfig": kc(), "group": "argoproj.io", "version": "v1alpha1", "resource": "workflows",
+        "namespace": ns, "filter": {"labels": [{"key": "app", "operation": "==", "value": "orders"}]}});
+    let state = std::sync::Arc::new(sluice_core::state::MemoryStateStore::default());
+
+    let run = |state: std::sync::Arc<sluice_core::state::MemoryStateStore>| {
+        let cfg = cfg.clone();
+        async move {
+            let mut rig = SourceRig::new("wf-watch");
+            rig.state = state;
+            let c: K8sSourceConfig = serde_json::from_value(cfg).unwrap();
+            c.validate("wf-watch").unwrap();
+            let running = Box::new(c).build(rig.context("wf-watch")).await.unwrap();
+            let task = tokio::spawn(running);
+            let cap = rig.capture();
+            (rig, cap, task)
+        }
+    };
+    let (rig, mut cap, task) = run(state.clone()).await;
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let item = cap.next_within(Duration::from_secs(10)).await;
+        seen.push((
+            item.event.ty.to_string(),
+            item.event.subject.clone().unwrap().to_string(),
+        ));
+        item.delivery.delivered();
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("io.k8s.workflows.added".to_owned(), format!("{ns}/a")),
+            ("io.k8s.workflows.added".to_owned(), format!("{ns}/b"))
+        ]
+    );
+    // A live change.
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"step": 1}})),
+    )
+    .await
+    .unwrap();
+    let item = cap.next_within(Duration::from_secs(10)).await;
+    assert_eq!(item.event.ty.as_str(), "io.k8s.workflows.updated");
+    let data: Value = serde_json::from_slice(item.event.data.as_bytes().unwrap()).unwrap();
+    assert_eq!(data["type"], "UPDATE");
+    assert_eq!(data["body"]["spec"]["step"], 1);
+    assert_eq!(data["resource"], "workflows");
+    item.delivery.delivered();
+    // Stop, and change things while it is down.
+    rig.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    drop(cap);
+    api.patch(
+        "b",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"step": 2}})),
+    )
+    .await
+    .unwrap();
+    api.delete("a", &Default::default()).await.unwrap();
+    api.create(&PostParams::default(), &mk("c")).await.unwrap();
+
+    let (rig, mut cap, task) = run(state.clone()).await;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let item = cap.next_within(Duration::from_secs(10)).await;
+        seen.push((
+            item.event.ty.to_string(),
+            item.event.subject.clone().unwrap().to_string(),
+        ));
+        item.delivery.delivered();
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("io.k8s.workflows.added".to_owned(), format!("{ns}/c")),
+            ("io.k8s.workflows.deleted".to_owned(), format!("{ns}/a")),
+            ("io.k8s.workflows.updated".to_owned(), format!("{ns}/b")),
+        ]
+    );
+    // Nothing else: the unchanged objects are not emitted again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(cap.try_next().is_none());
+    rig.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
