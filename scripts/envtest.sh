@@ -4,7 +4,7 @@
 # resources, generateName, watch, label and field selectors, schema validation, merge / JSON /
 # server-side-apply patches) with etcd 3.5. No registry reachable here ships a kube-apiserver,
 # kind, k3s or envtest binary, so both are built from Debian sid's source packages with Debian's
-# Go (about 3 minutes, once; the two binaries are cached under target/k8s-envtest/bin).
+# Go (about 3 minutes, once; the two binaries are cached under ~/.cache/sluice/k8s-envtest).
 #
 #   build   build the binaries and the test PKI if they are missing (idempotent)
 #   start   start etcd and the API server on free loopback ports, install the test CRDs
@@ -15,8 +15,10 @@
 # client is system:masters). Those paths are tested against local mock servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=${ENVTEST_ROOT:-$PWD/target/k8s-envtest}
-RUN="$ROOT/run"
+# The built binaries and the test PKI are cached outside the checkout (a fresh clone reuses
+# them); the running servers' files are under target/.
+ROOT=${ENVTEST_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice/k8s-envtest}
+RUN=${ENVTEST_RUN:-$PWD/target/k8s-envtest/run}
 die() { printf 'scripts/envtest.sh: %s\n' "$*" >&2; exit 1; }
 
 build() {

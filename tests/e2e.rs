@@ -1731,21 +1731,22 @@ async fn broker_sources_survive_kill_9() {
         .await;
 }
 
-#[tokio::test]
-async fn s3_upload_of_a_csv_triggers_the_http_sink_and_a_log_upload_does_not() {
-    // The test kit sets the SDK's standard credential chain for moto; the daemon inherits it.
-    let dir = tempfile::tempdir().unwrap();
-    let moto = sluice_core::testkit::peers::spawn_moto(dir.path());
-    let moto_url = format!("http://127.0.0.1:{}", moto.port);
+/// A moto bucket whose object-created notifications go to an SQS queue: the S3 client, the
+/// SQS client and the queue's URL.
+async fn s3_bucket_notifying_queue(
+    moto_url: &str,
+    bucket: &str,
+    queue: &str,
+) -> (aws_sdk_s3::Client, aws_sdk_sqs::Client, String) {
     let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .region(aws_config::Region::new("us-east-1"))
-        .endpoint_url(&moto_url)
+        .endpoint_url(moto_url)
         .load()
         .await;
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     let url = sqs
         .create_queue()
-        .queue_name("uploads-events")
+        .queue_name(queue)
         .send()
         .await
         .unwrap()
@@ -1767,9 +1768,9 @@ async fn s3_upload_of_a_csv_triggers_the_http_sink_and_a_log_upload_does_not() {
             .force_path_style(true)
             .build(),
     );
-    s3.create_bucket().bucket("data").send().await.unwrap();
+    s3.create_bucket().bucket(bucket).send().await.unwrap();
     s3.put_bucket_notification_configuration()
-        .bucket("data")
+        .bucket(bucket)
         .notification_configuration(
             aws_sdk_s3::types::NotificationConfiguration::builder()
                 .queue_configurations(
@@ -1784,6 +1785,16 @@ async fn s3_upload_of_a_csv_triggers_the_http_sink_and_a_log_upload_does_not() {
         .send()
         .await
         .unwrap();
+    (s3, sqs, url)
+}
+
+#[tokio::test]
+async fn s3_upload_of_a_csv_triggers_the_http_sink_and_a_log_upload_does_not() {
+    // The test kit sets the SDK's standard credential chain for moto; the daemon inherits it.
+    let dir = tempfile::tempdir().unwrap();
+    let moto = sluice_core::testkit::peers::spawn_moto(dir.path());
+    let moto_url = format!("http://127.0.0.1:{}", moto.port);
+    let (s3, sqs, url) = s3_bucket_notifying_queue(&moto_url, "data", "uploads-events").await;
     // The trigger target: records each request's ce-subject and ce-type.
     let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let target_port = target.local_addr().unwrap().port();
@@ -2198,4 +2209,174 @@ async fn an_amqp_message_with_deeply_nested_headers_does_not_abort_the_daemon() 
     ch.queue_delete(queue.as_str().into(), Default::default())
         .await
         .unwrap();
+}
+
+/// Argo Events' most common flow, on a real API server: a file lands in S3 → the `s3` source
+/// (bucket notifications through SQS) → a Sensor keeps the `.csv` keys → a `k8s` trigger creates
+/// an Argo Workflow whose parameter is the key. A `.log` upload creates nothing; the same
+/// notification delivered twice, and again after a kill -9, creates one Workflow.
+#[tokio::test]
+async fn s3_to_sensor_to_argo_workflow() {
+    let kubeconfig = std::env::var("SLUICE_TEST_KUBECONFIG").unwrap_or_else(|_| {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/k8s-envtest/run/kubeconfig");
+        assert!(p.exists(), "no test API server: run `scripts/envtest.sh start` (scripts/test.sh does) or set SLUICE_TEST_KUBECONFIG");
+        p.display().to_string()
+    });
+    let ns = format!("seed-{}", std::process::id());
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let moto = sluice_core::testkit::peers::spawn_moto(dir.path());
+    let moto_url = format!("http://127.0.0.1:{}", moto.port);
+    let (s3, sqs, queue_url) =
+        s3_bucket_notifying_queue(&moto_url, "landing", "landing-events").await;
+    let body = format!(
+        r#"state_dir: {state}
+sources:
+  uploads: {{ kind: s3, queue: landing-events, region: us-east-1, endpoint: "{moto_url}", wait_time: 1s }}
+sensors:
+  csv:
+    dependencies:
+      - name: upload
+        source: uploads
+        filters:
+          data: [{{ path: s3.object.key, type: string, value: ['\.csv$'] }}]
+    triggers:
+      - {{ name: process, sink: process, atLeastOnce: true }}
+sinks:
+  process:
+    kind: k8s
+    kubeconfig: {kubeconfig}
+    namespace: {ns}
+    resource:
+      apiVersion: argoproj.io/v1alpha1
+      kind: Workflow
+      metadata: {{ generateName: s3-processing-, labels: {{ flow: seed }} }}
+      spec:
+        entrypoint: process
+        arguments: {{ parameters: [{{ name: key }}] }}
+        templates: [{{ name: process, container: {{ image: alpine, command: [cat] }} }}]
+    parameters:
+      # The subject is the object key decoded (S3 sends s3.object.key URL-encoded).
+      - {{ src: {{ contextKey: subject }}, dest: spec.arguments.parameters.0.value }}
+"#,
+        state = state.display()
+    );
+    let mut d = Daemon::start_with(dir.path(), &body);
+    d.wait_ready().await;
+    for key in ["incoming/app.log", "incoming/2026-12-07.csv"] {
+        s3.put_object()
+            .bucket("landing")
+            .key(key)
+            .body(b"a,b\n".to_vec().into())
+            .send()
+            .await
+            .unwrap();
+    }
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(cfg).unwrap();
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Workflow"),
+        "workflows",
+    );
+    let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(client, &ns, &ar);
+    let keys = || async {
+        let l = api
+            .list(&kube::api::ListParams::default().labels("flow=seed"))
+            .await
+            .unwrap();
+        let mut k: Vec<String> = l
+            .items
+            .iter()
+            .map(|w| {
+                w.data["spec"]["arguments"]["parameters"][0]["value"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .collect();
+        k.sort();
+        k
+    };
+    let mut got = Vec::new();
+    for _ in 0..200 {
+        got = keys().await;
+        if !got.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        got,
+        ["incoming/2026-12-07.csv"],
+        "one Workflow, for the .csv; log:\n{}",
+        d.stderr_tail()
+    );
+    let wf = api.list(&Default::default()).await.unwrap().items.remove(0);
+    let labels = wf.metadata.labels.unwrap();
+    assert_eq!(labels["events.argoproj.io/sensor"], "csv");
+    assert_eq!(labels["events.argoproj.io/trigger"], "process");
+
+    // The same notification twice (S3 delivers at least once), then again after a kill -9.
+    let record = serde_json::json!({"Records": [{"eventVersion": "2.1", "eventSource": "aws:s3", "awsRegion": "us-east-1",
+        "eventTime": "2026-12-07T10:00:00.000Z", "eventName": "ObjectCreated:Put",
+        "responseElements": {"x-amz-request-id": "REQ123", "x-amz-id-2": "ID2abc"},
+        "s3": {"s3SchemaVersion": "1.0", "bucket": {"name": "landing", "arn": "arn:aws:s3:::landing"},
+               "object": {"key": "incoming/dup.csv", "size": 4, "sequencer": "00AA"}}}]})
+    .to_string();
+    let notify = || {
+        sqs.send_message()
+            .queue_url(&queue_url)
+            .message_body(record.clone())
+            .send()
+    };
+    notify().await.unwrap();
+    notify().await.unwrap();
+    let want = ["incoming/2026-12-07.csv", "incoming/dup.csv"];
+    for _ in 0..200 {
+        got = keys().await;
+        if got.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        keys().await,
+        want,
+        "the duplicate notification made one Workflow"
+    );
+    let _ = d.child.kill(); // SIGKILL
+    let _ = d.child.wait();
+    let mut d = Daemon::start_with(dir.path(), &body);
+    d.wait_ready().await;
+    notify().await.unwrap();
+    // Settled (deleted from the queue) and still one Workflow for the key.
+    for _ in 0..200 {
+        let a = sqs
+            .get_queue_attributes()
+            .queue_url(&queue_url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(
+                aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            )
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap();
+        if a.values().all(|v| v == "0") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        keys().await,
+        want,
+        "after kill -9 the notification again made no second Workflow; log:\n{}",
+        d.stderr_tail()
+    );
 }

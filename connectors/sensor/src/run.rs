@@ -1360,7 +1360,10 @@ impl Run {
                 let (_, e) = f.events.pop().expect("a direct run has one event");
                 // The only holder once the input dropped its own (`Run::input`); a copy when
                 // another trigger's run of the same input still holds it.
-                let out = Arc::unwrap_or_clone(e);
+                let mut out = Arc::unwrap_or_clone(e);
+                let tr = &self.sensor.triggers[f.trigger];
+                out.set_extension(SENSOR_EXT, self.sensor.name.as_str());
+                out.set_extension(TRIGGER_EXT, tr.name.as_str());
                 let id = out.id.clone();
                 (out, Some(id))
             }
