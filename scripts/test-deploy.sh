@@ -99,8 +99,9 @@ declare -A HELM_CASES=(
   [loadbalancer]="--set service.type=LoadBalancer"
   [user-config]="-f deploy/test/values-user-config.yaml"
   [listeners]="-f deploy/test/values-listeners.yaml"
+  [rbac]="-f deploy/test/values-rbac.yaml"
 )
-HELM_ORDER=(default edge sidecar relay persistence loadbalancer user-config listeners)
+HELM_ORDER=(default edge sidecar relay persistence loadbalancer user-config listeners rbac)
 renders=()   # flavour:file, for the validations below
 for hv in 3 4; do
   H=HELM$hv; H=${!H}

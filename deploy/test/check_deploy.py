@@ -9,7 +9,7 @@ and runAsUser != 0, allowPrivilegeEscalation false, capabilities drop ALL and ad
 NET_BIND_SERVICE, seccomp RuntimeDefault or Localhost, safe sysctls, default procMount, allowed
 SELinux types, AppArmor runtime/default or localhost.
 
-Project rules: readOnlyRootFilesystem, automountServiceAccountToken false, no `:latest` (or
+Project rules: readOnlyRootFilesystem, automountServiceAccountToken false (true only with rbac.rules), no `:latest` (or
 untagged) image, the admin port in a Service of its own that is never NodePort/LoadBalancer, a
 StatefulSet (not a Deployment) when state is kept, probes (/healthz, /readyz) on the admin port
 of a non-loopback admin.listen, container ports matching the config, a grace period longer than
@@ -316,8 +316,10 @@ def main():
         tmpl = d["spec"]["template"]
         check_labels(name + " pod template", (tmpl.get("metadata") or {}).get("labels"), flavour)
         spec = tmpl["spec"]
-        if spec.get("automountServiceAccountToken") is not False:
-            bad(name, "automountServiceAccountToken", "not false")
+        # The token only where the render grants Kubernetes permissions (rbac.rules).
+        grants = any(x.get("kind") in ("RoleBinding", "ClusterRoleBinding") for x in docs)
+        if spec.get("automountServiceAccountToken") is not grants:
+            bad(name, "automountServiceAccountToken", "mounted without rbac.rules" if not grants else "not mounted although rbac.rules grant permissions")
         sel = (d["spec"].get("selector") or {}).get("matchLabels") or {}
         if "app.kubernetes.io/instance" not in sel:
             bad(name, "selector", "no app.kubernetes.io/instance in the selector (two instances in a namespace would share pods)")

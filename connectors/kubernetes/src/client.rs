@@ -423,7 +423,7 @@ mod tests {
             health.problems(),
             ["missing permission: create argoproj.io/workflows in namespace argo (grant it to the identity Sluice runs as)"]
         );
-        assert_eq!(perms.missing(), [p.clone()]);
+        assert_eq!(perms.missing(), std::slice::from_ref(&p));
         perms.granted(&p);
         assert!(health.problems().is_empty());
         assert!(perms.missing().is_empty());

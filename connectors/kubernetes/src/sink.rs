@@ -381,18 +381,38 @@ pub enum Done {
     Absent,
 }
 
+/// A call the API server refused, with what it was.
+#[derive(Debug)]
+pub struct ApiFailure {
+    pub verb: &'static str,
+    pub kind: Option<client::Kind>,
+    pub ns: Option<String>,
+    pub err: KubeError,
+}
+
+impl Failure {
+    pub(crate) fn api(
+        verb: &'static str,
+        kind: Option<client::Kind>,
+        ns: Option<String>,
+        err: KubeError,
+    ) -> Failure {
+        Failure::Api(Box::new(ApiFailure {
+            verb,
+            kind,
+            ns,
+            err,
+        }))
+    }
+}
+
 /// Why an event was not delivered.
 #[derive(Debug)]
 pub enum Failure {
     /// The object or its template is wrong (no retry helps).
     Bad(String),
-    /// The API server's answer.
-    Api {
-        verb: &'static str,
-        kind: Option<client::Kind>,
-        ns: Option<String>,
-        err: KubeError,
-    },
+    /// The API server's answer (boxed: it is the rare path, and large).
+    Api(Box<ApiFailure>),
 }
 
 /// The parts of a trigger that every Kubernetes sink has.
@@ -538,12 +558,12 @@ impl Trigger {
             };
             count(&self.name, verb, err.code);
             if err.verdict() != Verdict::Retry || attempt >= self.retries {
-                return Err(Failure::Api {
+                return Err(Failure::api(
                     verb,
-                    kind: kind.cloned(),
-                    ns: ns.map(str::to_owned),
+                    kind.cloned(),
+                    ns.map(str::to_owned),
                     err,
-                });
+                ));
             }
             let wait = client::backoff(attempt, err.retry_after);
             tracing::debug!(sink = %self.name, verb, error = %err, ?wait, "k8s: retrying");
@@ -551,7 +571,7 @@ impl Trigger {
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = self.grace_over.cancelled() => {
-                    return Err(Failure::Api { verb, kind: kind.cloned(), ns: ns.map(str::to_owned), err });
+                    return Err(Failure::api(verb, kind.cloned(), ns.map(str::to_owned), err));
                 }
             }
         }
@@ -627,7 +647,7 @@ impl Trigger {
                         .await
                     {
                         Ok(_) => break Done::Applied(name),
-                        Err(Failure::Api { err, .. }) if err.is(409) && conflicts < 10 => {
+                        Err(Failure::Api(f)) if f.err.is(409) && conflicts < 10 => {
                             conflicts += 1;
                             continue;
                         }
@@ -675,7 +695,7 @@ impl Trigger {
                     .await
                 {
                     Ok(_) => Done::Applied(name),
-                    Err(Failure::Api { err, .. }) if err.is(404) => Done::Absent,
+                    Err(Failure::Api(f)) if f.err.is(404) => Done::Absent,
                     Err(e) => return Err(e),
                 }
             }
@@ -717,7 +737,7 @@ impl Trigger {
             .await
         {
             Ok(_) => Ok(Done::Applied(name)),
-            Err(Failure::Api { err, .. }) if err.is(409) && err.reason == "AlreadyExists" => {
+            Err(Failure::Api(f)) if f.err.is(409) && f.err.reason == "AlreadyExists" => {
                 self.duplicates.increment(1);
                 Ok(Done::Duplicate(name))
             }
@@ -738,12 +758,7 @@ impl Trigger {
             .kinds
             .resolve(&self.client, &t.api_version, &t.kind)
             .await
-            .map_err(|err| Failure::Api {
-                verb: "get",
-                kind: None,
-                ns: None,
-                err,
-            })?;
+            .map_err(|err| Failure::api("get", None, None, err))?;
         let ns = t
             .namespace
             .clone()
@@ -770,12 +785,7 @@ impl Trigger {
             .kinds
             .resolve(&self.client, id.api_version, id.kind)
             .await
-            .map_err(|err| Failure::Api {
-                verb: "get",
-                kind: None,
-                ns: None,
-                err,
-            })?;
+            .map_err(|err| Failure::api("get", None, None, err))?;
         let ns = id
             .namespace
             .map_or_else(|| self.namespace.clone(), str::to_owned);
@@ -845,43 +855,46 @@ impl Trigger {
                 tracing::warn!(sink = %self.name, id = %item_id, reason = %why, "k8s: rejected");
                 delivery.rejected(why)
             }
-            Err(Failure::Api {
-                verb,
-                kind,
-                ns,
-                err,
-            }) => match err.verdict() {
-                Verdict::Forbidden => {
-                    let why = match &kind {
-                        Some(k) => {
-                            let p = Permission {
-                                verb: verb.to_owned(),
-                                group: k.resource.group.clone(),
-                                resource: k.resource.plural.clone(),
-                                namespace: ns.clone(),
-                            };
-                            self.perms.denied(&p, &err.message);
-                            format!("missing permission: {p}: {err}")
-                        }
-                        None => format!("forbidden: {err}"),
-                    };
-                    tracing::warn!(sink = %self.name, id = %item_id, reason = %why, "k8s: rejected");
-                    delivery.rejected(why)
+            Err(Failure::Api(f)) => {
+                let ApiFailure {
+                    verb,
+                    kind,
+                    ns,
+                    err,
+                } = *f;
+                match err.verdict() {
+                    Verdict::Forbidden => {
+                        let why = match &kind {
+                            Some(k) => {
+                                let p = Permission {
+                                    verb: verb.to_owned(),
+                                    group: k.resource.group.clone(),
+                                    resource: k.resource.plural.clone(),
+                                    namespace: ns.clone(),
+                                };
+                                self.perms.denied(&p, &err.message);
+                                format!("missing permission: {p}: {err}")
+                            }
+                            None => format!("forbidden: {err}"),
+                        };
+                        tracing::warn!(sink = %self.name, id = %item_id, reason = %why, "k8s: rejected");
+                        delivery.rejected(why)
+                    }
+                    Verdict::Reject => {
+                        let why = format!(
+                            "{verb} {}: {err}",
+                            kind.as_ref().map_or_else(String::new, |k| k.gr())
+                        );
+                        tracing::warn!(sink = %self.name, id = %item_id, reason = %why, "k8s: rejected by the API server");
+                        delivery.rejected(why)
+                    }
+                    Verdict::Retry => {
+                        let why = format!("{verb}: {err} (after {} retries)", self.retries);
+                        tracing::warn!(sink = %self.name, id = %item_id, reason = %why, "k8s: failed");
+                        delivery.failed(why)
+                    }
                 }
-                Verdict::Reject => {
-                    let why = format!(
-                        "{verb} {}: {err}",
-                        kind.as_ref().map_or_else(String::new, |k| k.gr())
-                    );
-                    tracing::warn!(sink = %self.name, id = %item_id, reason = %why, "k8s: rejected by the API server");
-                    delivery.rejected(why)
-                }
-                Verdict::Retry => {
-                    let why = format!("{verb}: {err} (after {} retries)", self.retries);
-                    tracing::warn!(sink = %self.name, id = %item_id, reason = %why, "k8s: failed");
-                    delivery.failed(why)
-                }
-            },
+            }
         }
     }
 }

@@ -175,6 +175,8 @@ pub fn label_selector(sels: &[Selector]) -> Result<String, String> {
     Ok(parts.join(","))
 }
 
+type Checked = (String, Vec<FieldFilter>, Option<DateTime<Utc>>);
+
 struct FieldFilter {
     key: String,
     re: regex::Regex,
@@ -182,7 +184,8 @@ struct FieldFilter {
 }
 
 impl K8sSourceConfig {
-    fn check(&self) -> Result<(String, Vec<FieldFilter>, Option<DateTime<Utc>>), String> {
+    /// The label selector, the field filters and `createdBy`.
+    fn check(&self) -> Result<Checked, String> {
         self.connection().check()?;
         if self.version.trim().is_empty() || self.resource.trim().is_empty() {
             return Err(

@@ -295,12 +295,7 @@ impl Wf {
             .kinds
             .resolve(&self.t.client, ARGO_API, "Workflow")
             .await
-            .map_err(|err| Failure::Api {
-                verb: "get",
-                kind: None,
-                ns: None,
-                err,
-            })?;
+            .map_err(|err| Failure::api("get", None, None, err))?;
         let api = wf_kind.api(&self.t.client, &ns);
         match self.op {
             WfOperation::Submit => {
@@ -310,7 +305,7 @@ impl Wf {
                     .await
             }
             WfOperation::SubmitFrom => {
-                let wf = self.from_template(&doc, &ns).await?;
+                let wf = self.workflow_from(&doc, &ns).await?;
                 self.t
                     .create(&wf_kind, Some(&ns), &api, wf, None, event)
                     .await
@@ -356,7 +351,7 @@ impl Wf {
 
     /// `submit-from`: a Workflow that refers to the template (or carries the CronWorkflow's
     /// spec), with the document's `spec.arguments`, named `<template>-<hash of the event>`.
-    async fn from_template(&self, doc: &Value, ns: &str) -> Result<Value, Failure> {
+    async fn workflow_from(&self, doc: &Value, ns: &str) -> Result<Value, Failure> {
         let id = object::ident(doc).map_err(Failure::Bad)?;
         let name = id
             .name
@@ -374,7 +369,7 @@ impl Wf {
                     .kinds
                     .resolve(&self.t.client, ARGO_API, "CronWorkflow")
                     .await
-                    .map_err(|err| Failure::Api { verb: "get", kind: None, ns: None, err })?;
+                    .map_err(|err| Failure::api("get", None, None, err))?;
                 let api = k.api(&self.t.client, ns);
                 let cron = self.t.call("get", Some(&k), Some(ns), || api.get(name)).await?;
                 let spec = cron
@@ -467,16 +462,14 @@ impl Wf {
         let req = req
             .body(Full::new(bytes::Bytes::from(body)))
             .map_err(|e| Failure::Bad(format!("argo server {url}: {e}")))?;
-        let api_err = |code: Option<u16>, message: String| Failure::Api {
-            verb: op.verb(),
-            kind: None,
-            ns: Some(ns.to_owned()),
-            err: client::KubeError {
+        let api_err = |code: Option<u16>, message: String| {
+            let err = client::KubeError {
                 code,
                 reason: "ArgoServer".into(),
                 message,
                 retry_after: None,
-            },
+            };
+            Failure::api(op.verb(), None, Some(ns.to_owned()), err)
         };
         let resp = tokio::time::timeout(self.t.timeout, client.request(req))
             .await

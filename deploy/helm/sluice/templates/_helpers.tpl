@@ -308,7 +308,8 @@ metadata:
     {{- end }}
 spec:
   serviceAccountName: {{ include "sluice.serviceAccountName" . }}
-  automountServiceAccountToken: false
+  # The token only when the chart grants Kubernetes permissions (rbac.rules).
+  automountServiceAccountToken: {{ if .Values.rbac.rules }}true{{ else }}false{{ end }}
   enableServiceLinks: false
   terminationGracePeriodSeconds: {{ include "sluice.terminationGracePeriodSeconds" . }}
   {{- with .Values.priorityClassName }}
