@@ -41,6 +41,9 @@ pub async fn connect(conn: &Connection, component: &str) -> Result<Client, Strin
             format!("{component}: no Kubernetes configuration: {e} (set kubeconfig:, KUBECONFIG, or run in a pod with a service account)")
         })?,
     };
+    // The components retry by their own policy (`retries`, the server's retryAfterSeconds,
+    // within the shutdown grace), not kube's default layer (15 retries, up to 1000 s apart).
+    config.default_retry = false;
     if let Some(i) = &conn.impersonate {
         config.auth_info.impersonate = Some(i.user.clone());
         config.auth_info.impersonate_groups = (!i.groups.is_empty()).then(|| i.groups.clone());
