@@ -194,14 +194,31 @@ kube_options! {
     }
 }
 
-fn sixteen() -> usize {
+pub(crate) fn sixteen() -> usize {
     16
 }
-fn five() -> u32 {
+pub(crate) fn five() -> u32 {
     5
 }
-fn thirty_seconds() -> HumanDuration {
+pub(crate) fn thirty_seconds() -> HumanDuration {
     HumanDuration::from_secs(30)
+}
+
+/// A trigger sink's client, namespace and permission checks.
+pub(crate) async fn connect_trigger(
+    conn: &crate::Connection,
+    namespace: &Option<String>,
+    ctx: &SinkContext,
+) -> Result<(Client, String, Permissions), ConnectorError> {
+    let component = format!("sink {}", ctx.name);
+    let client = client::connect(conn, &component)
+        .await
+        .map_err(ConnectorError::new)?;
+    let namespace = namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let perms = Permissions::new(&component, ctx.health.clone());
+    Ok((client, namespace, perms))
 }
 
 impl K8sSinkConfig {
@@ -305,15 +322,8 @@ impl SinkConfig for K8sSinkConfig {
             let (origin, params) = self
                 .check()
                 .map_err(|e| ConnectorError::new(format!("k8s sink {}: {e}", ctx.name)))?;
-            let component = format!("sink {}", ctx.name);
-            let client = client::connect(&self.connection(), &component)
-                .await
-                .map_err(ConnectorError::new)?;
-            let namespace = self
-                .namespace
-                .clone()
-                .unwrap_or_else(|| client.default_namespace().to_owned());
-            let perms = Permissions::new(&component, ctx.health.clone());
+            let (client, namespace, perms) =
+                connect_trigger(&self.connection(), &self.namespace, &ctx).await?;
             let trigger = Arc::new(Trigger {
                 client,
                 kinds: Kinds::default(),

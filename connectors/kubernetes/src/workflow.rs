@@ -20,7 +20,7 @@ use sluice_core::pipeline::serve_each;
 use sluice_core::units::HumanDuration;
 use sluice_core::{BoxFuture, ConnectorError, Event, Running, SinkConfig, SinkContext, SinkItem};
 
-use crate::client::{self, Permission, Permissions};
+use crate::client::{self, Permission};
 use crate::kube_options;
 use crate::object::{self, ConfigMapSource, Origin, Params, UrlSource};
 use crate::sink::{Common, Done, Failure, Trigger};
@@ -126,15 +126,7 @@ kube_options! {
     }
 }
 
-fn sixteen() -> usize {
-    16
-}
-fn five() -> u32 {
-    5
-}
-fn thirty_seconds() -> HumanDuration {
-    HumanDuration::from_secs(30)
-}
+use crate::sink::{five, sixteen, thirty_seconds};
 
 const ARGO_API: &str = "argoproj.io/v1alpha1";
 
@@ -210,15 +202,8 @@ impl SinkConfig for ArgoWorkflowConfig {
             let (origin, params) = self.check().map_err(|e| {
                 ConnectorError::new(format!("argo-workflow sink {}: {e}", ctx.name))
             })?;
-            let component = format!("sink {}", ctx.name);
-            let client = client::connect(&self.connection(), &component)
-                .await
-                .map_err(ConnectorError::new)?;
-            let namespace = self
-                .namespace
-                .clone()
-                .unwrap_or_else(|| client.default_namespace().to_owned());
-            let perms = Permissions::new(&component, ctx.health.clone());
+            let (client, namespace, perms) =
+                crate::sink::connect_trigger(&self.connection(), &self.namespace, &ctx).await?;
             let trigger = Trigger::creating(Common {
                 client,
                 origin,
