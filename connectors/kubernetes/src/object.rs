@@ -337,7 +337,8 @@ pub fn add_labels(obj: &mut Value, labels: &[(&str, String)]) {
 }
 
 /// Argo's labels on what a Sensor's trigger creates: `events.argoproj.io/sensor`, `…/trigger`
-/// (when the event came from a Sensor: its `sensor` and `trigger` extensions) and
+/// (when a Sensor's trigger built the event from a `payload`: its `sensor` and `trigger`
+/// extensions; a forwarded event is passed through untouched and carries neither) and
 /// `…/action-timestamp` (Unix milliseconds).
 pub fn argo_labels(event: &Event) -> Vec<(&'static str, String)> {
     let mut out = Vec::with_capacity(3);

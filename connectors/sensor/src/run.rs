@@ -527,11 +527,14 @@ impl Sensor {
                     .with_json(serde_json::to_vec(&doc).unwrap_or_default()),
             ]
         };
-        // Which sensor and trigger made it: a Kubernetes trigger labels what it creates with
-        // them (Argo's `events.argoproj.io/sensor` and `…/trigger`).
-        for out in &mut outs {
-            out.set_extension(SENSOR_EXT.to_owned(), self.name.clone());
-            out.set_extension(TRIGGER_EXT.to_owned(), tr.name.clone());
+        if !tr.payload.is_empty() {
+            // An event the trigger built names the sensor and trigger that made it: a
+            // Kubernetes trigger labels what it creates with them (Argo's
+            // `events.argoproj.io/sensor` and `…/trigger`). Forwarded events stay as they came.
+            for out in &mut outs {
+                out.set_extension(SENSOR_EXT.to_owned(), self.name.clone());
+                out.set_extension(TRIGGER_EXT.to_owned(), tr.name.clone());
+            }
         }
         if !tr.parameters.is_empty() {
             for out in &mut outs {
@@ -1360,10 +1363,7 @@ impl Run {
                 let (_, e) = f.events.pop().expect("a direct run has one event");
                 // The only holder once the input dropped its own (`Run::input`); a copy when
                 // another trigger's run of the same input still holds it.
-                let mut out = Arc::unwrap_or_clone(e);
-                let tr = &self.sensor.triggers[f.trigger];
-                out.set_extension(SENSOR_EXT, self.sensor.name.as_str());
-                out.set_extension(TRIGGER_EXT, tr.name.as_str());
+                let out = Arc::unwrap_or_clone(e);
                 let id = out.id.clone();
                 (out, Some(id))
             }
