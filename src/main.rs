@@ -52,6 +52,11 @@ enum Command {
     Validate {
         #[arg(short, long)]
         config: Option<PathBuf>,
+        /// Also ask the Kubernetes API server, for every kubernetes component, whether the
+        /// identity it would run as has each permission it needs (SelfSubjectAccessReview);
+        /// print each missing one. Talks to the cluster; starts nothing.
+        #[arg(long)]
+        kube: bool,
     },
     /// List the connector kinds compiled into this binary.
     Connectors,
@@ -83,6 +88,53 @@ fn install_metrics() -> Result<PrometheusHandle, String> {
     PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))
+}
+
+/// `validate --kube`: each component's live checks (its `preflight`); prints what each found
+/// and answers whether nothing was.
+fn preflight(c: &config::Config) -> bool {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sluice: no runtime for the live checks: {e}");
+            return false;
+        }
+    };
+    rt.block_on(async {
+        let mut checks = Vec::new();
+        for s in &c.sources {
+            checks.push((format!("source {}", s.name), s.config.preflight(&s.name)));
+        }
+        for p in &c.processors {
+            checks.push((format!("processor {}", p.name), p.config.preflight(&p.name)));
+        }
+        for s in &c.sinks {
+            checks.push((format!("sink {}", s.name), s.config.preflight(&s.name)));
+        }
+        let mut clean = true;
+        for (what, check) in checks {
+            match check.await {
+                Ok(problems) => {
+                    for p in problems {
+                        println!("{what}: {p}");
+                        clean = false;
+                    }
+                }
+                Err(e) => {
+                    println!("{what}: could not check: {e}");
+                    clean = false;
+                }
+            }
+        }
+        if clean {
+            println!("live checks: ok");
+        }
+        clean
+    })
 }
 
 fn load(path: Option<&std::path::Path>) -> Result<config::Config, config::ConfigErrors> {
@@ -156,7 +208,7 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Command::Validate { config } => match load(config.as_deref()) {
+        Command::Validate { config, kube } => match load(config.as_deref()) {
             Ok(c) => {
                 println!(
                     "{}: ok ({} sources, {} processors, {} sinks, {} routes)",
@@ -166,6 +218,9 @@ fn main() -> ExitCode {
                     c.sinks.len(),
                     c.routes.len()
                 );
+                if kube && !preflight(&c) {
+                    return ExitCode::FAILURE;
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

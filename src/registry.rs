@@ -30,6 +30,7 @@ impl fmt::Display for Role {
 /// A parsed source config with its type erased.
 pub trait DynSource: Send {
     fn validate(&self, name: &str) -> Result<(), String>;
+    fn preflight<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<String>, String>>;
     fn build(
         self: Box<Self>,
         ctx: SourceContext,
@@ -39,6 +40,9 @@ pub trait DynSource: Send {
 impl<T: SourceConfig> DynSource for T {
     fn validate(&self, name: &str) -> Result<(), String> {
         SourceConfig::validate(self, name)
+    }
+    fn preflight<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        SourceConfig::preflight(self, name)
     }
     fn build(
         self: Box<Self>,
@@ -51,6 +55,7 @@ impl<T: SourceConfig> DynSource for T {
 /// A parsed sink config with its type erased.
 pub trait DynSink: Send {
     fn validate(&self, name: &str) -> Result<(), String>;
+    fn preflight<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<String>, String>>;
     fn build(
         self: Box<Self>,
         ctx: SinkContext,
@@ -60,6 +65,9 @@ pub trait DynSink: Send {
 impl<T: SinkConfig> DynSink for T {
     fn validate(&self, name: &str) -> Result<(), String> {
         SinkConfig::validate(self, name)
+    }
+    fn preflight<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        SinkConfig::preflight(self, name)
     }
     fn build(
         self: Box<Self>,
@@ -72,6 +80,7 @@ impl<T: SinkConfig> DynSink for T {
 /// A parsed processor config with its type erased.
 pub trait DynProcessor: Send {
     fn validate(&self, name: &str) -> Result<(), String>;
+    fn preflight<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<String>, String>>;
     fn wiring(&self) -> sluice_core::Wiring;
     fn build(
         self: Box<Self>,
@@ -82,6 +91,9 @@ pub trait DynProcessor: Send {
 impl<T: ProcessorConfig> DynProcessor for T {
     fn validate(&self, name: &str) -> Result<(), String> {
         ProcessorConfig::validate(self, name)
+    }
+    fn preflight<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        ProcessorConfig::preflight(self, name)
     }
     fn wiring(&self) -> sluice_core::Wiring {
         ProcessorConfig::wiring(self)

@@ -2387,3 +2387,44 @@ sinks:
         d.stderr_tail()
     );
 }
+
+/// `sluice validate --kube` asks the API server about each kubernetes component's permissions
+/// and says what it could not confirm. The test API server has no authorization API, so each
+/// review is reported as not checkable, and the exit code says the check did not pass.
+#[test]
+fn validate_kube_reports_each_permission_it_could_not_confirm() {
+    let kubeconfig = std::env::var("SLUICE_TEST_KUBECONFIG").unwrap_or_else(|_| {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/k8s-envtest/run/kubeconfig");
+        assert!(p.exists(), "no test API server: run `scripts/envtest.sh start` (scripts/test.sh does) or set SLUICE_TEST_KUBECONFIG");
+        p.display().to_string()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "sources:\n  hooks: {{ kind: webhook, listen: 127.0.0.1:0, path: / }}\nsinks:\n  wf:\n    kind: k8s\n    kubeconfig: {kubeconfig}\n    namespace: argo\n    resource: {{ apiVersion: argoproj.io/v1alpha1, kind: Workflow, metadata: {{ generateName: w- }}, spec: {{ entrypoint: x }} }}\nroutes:\n  - {{ from: [hooks], to: [wf] }}\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["validate", "--kube", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(
+            "sink wf: could not check create argoproj.io/workflows in namespace argo: 404"
+        ),
+        "{stdout}"
+    );
+    // Without --kube nothing talks to the cluster.
+    let out = Command::new(BIN)
+        .args(["validate", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+}

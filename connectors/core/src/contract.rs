@@ -114,6 +114,13 @@ pub trait ProcessorConfig: DeserializeOwned + fmt::Debug + Send + Sync + 'static
     fn wiring(&self) -> Wiring {
         Wiring::default()
     }
+    /// Checks against the live environment, for `sluice validate --kube`: what the component
+    /// would find wrong at start (a Kubernetes permission it lacks), without starting it.
+    /// Answers the problems found, each naming what to do (empty: none). Default: nothing to
+    /// check.
+    fn preflight<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
     fn build(
         self: Box<Self>,
         ctx: ProcessorContext,
@@ -128,6 +135,13 @@ pub trait SourceConfig: DeserializeOwned + fmt::Debug + Send + Sync + 'static {
         Ok(())
     }
     /// Opens resources (binds sockets, connects) and returns the running source.
+    /// Checks against the live environment, for `sluice validate --kube`: what the component
+    /// would find wrong at start (a Kubernetes permission it lacks), without starting it.
+    /// Answers the problems found, each naming what to do (empty: none). Default: nothing to
+    /// check.
+    fn preflight<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
     fn build(
         self: Box<Self>,
         ctx: SourceContext,
@@ -138,6 +152,13 @@ pub trait SourceConfig: DeserializeOwned + fmt::Debug + Send + Sync + 'static {
 pub trait SinkConfig: DeserializeOwned + fmt::Debug + Send + Sync + 'static {
     fn validate(&self, _name: &str) -> Result<(), String> {
         Ok(())
+    }
+    /// Checks against the live environment, for `sluice validate --kube`: what the component
+    /// would find wrong at start (a Kubernetes permission it lacks), without starting it.
+    /// Answers the problems found, each naming what to do (empty: none). Default: nothing to
+    /// check.
+    fn preflight<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        Box::pin(async { Ok(Vec::new()) })
     }
     fn build(
         self: Box<Self>,

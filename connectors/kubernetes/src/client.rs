@@ -289,8 +289,13 @@ impl Permissions {
     /// Asks the API server whether this component's identity may do each of `needed`; marks
     /// each denied one missing, each allowed one granted. A review that cannot be made (no
     /// answer, or the server does not serve the review API) leaves the permission unknown:
-    /// logged, not marked.
-    pub async fn review(&self, client: &Client, needed: &[Permission]) {
+    /// logged, not marked, and answered with why.
+    pub async fn review(
+        &self,
+        client: &Client,
+        needed: &[Permission],
+    ) -> Vec<(Permission, String)> {
+        let mut unknown = Vec::new();
         let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
         for p in needed {
             let review = SelfSubjectAccessReview {
@@ -322,9 +327,28 @@ impl Permissions {
                     count(&self.component, "create_selfsubjectaccessreview", k.code);
                     tracing::warn!(component = %self.component, permission = %p, error = %k,
                         "kubernetes: could not review a permission; it is checked again when used");
+                    unknown.push((p.clone(), k.to_string()));
                 }
             }
         }
+        unknown
+    }
+
+    /// What `sluice validate --kube` prints: each missing permission, and each that could not
+    /// be reviewed.
+    pub async fn preflight(&self, client: &Client, needed: &[Permission]) -> Vec<String> {
+        let unknown = self.review(client, needed).await;
+        let mut out: Vec<String> = self
+            .missing()
+            .iter()
+            .map(|p| format!("missing permission: {p} (grant it to the identity Sluice runs as)"))
+            .collect();
+        out.extend(
+            unknown
+                .into_iter()
+                .map(|(p, why)| format!("could not check {p}: {why}")),
+        );
+        out
     }
 
     /// A permission denied (a review said no, or the API answered 403).

@@ -309,9 +309,70 @@ fn check_strategic(api_version: &str) -> Result<(), String> {
     }
 }
 
+impl K8sSinkConfig {
+    #[allow(clippy::too_many_arguments)]
+    fn trigger(
+        &self,
+        origin: Origin,
+        params: Params,
+        client: Client,
+        namespace: String,
+        perms: Permissions,
+        name: &str,
+        grace_over: CancellationToken,
+    ) -> Trigger {
+        Trigger {
+            client,
+            kinds: Kinds::default(),
+            origin,
+            params,
+            op: self.operation,
+            strategy: self.patch_strategy,
+            live_object: self.live_object,
+            target: self.target.clone(),
+            namespace,
+            force: self.force,
+            policy: self.policy.clone(),
+            retries: self.retries,
+            timeout: self.timeout.get(),
+            name: name.to_owned(),
+            perms,
+            grace_over,
+            duplicates: metrics::counter!(K8S_DUPLICATE_CREATES, "sink" => name.to_owned()),
+        }
+    }
+}
+
 impl SinkConfig for K8sSinkConfig {
     fn validate(&self, _name: &str) -> Result<(), String> {
         self.check().map(drop)
+    }
+
+    fn preflight<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        Box::pin(async move {
+            let (origin, params) = self.check()?;
+            let component = format!("sink {name}");
+            let client = client::connect(&self.connection(), &component).await?;
+            let namespace = self
+                .namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_owned());
+            let perms = Permissions::new(&component, sluice_core::Health::default());
+            let t = self.trigger(
+                origin,
+                params,
+                client,
+                namespace,
+                perms,
+                name,
+                CancellationToken::new(),
+            );
+            let needed = t.needed_permissions().await;
+            if needed.is_empty() {
+                return Ok(vec!["the object's kind is known only per event (file, url, configmap or parameters): its permissions are checked when it is used".into()]);
+            }
+            Ok(t.perms.preflight(&t.client, &needed).await)
+        })
     }
 
     fn build(
@@ -324,25 +385,15 @@ impl SinkConfig for K8sSinkConfig {
                 .map_err(|e| ConnectorError::new(format!("k8s sink {}: {e}", ctx.name)))?;
             let (client, namespace, perms) =
                 connect_trigger(&self.connection(), &self.namespace, &ctx).await?;
-            let trigger = Arc::new(Trigger {
-                client,
-                kinds: Kinds::default(),
+            let trigger = Arc::new(self.trigger(
                 origin,
                 params,
-                op: self.operation,
-                strategy: self.patch_strategy,
-                live_object: self.live_object,
-                target: self.target.clone(),
+                client,
                 namespace,
-                force: self.force,
-                policy: self.policy.clone(),
-                retries: self.retries,
-                timeout: self.timeout.get(),
-                name: ctx.name.clone(),
                 perms,
-                grace_over: ctx.grace_over.clone(),
-                duplicates: metrics::counter!(K8S_DUPLICATE_CREATES, "sink" => ctx.name.clone()),
-            });
+                &ctx.name,
+                ctx.grace_over.clone(),
+            ));
             // The permissions the object's kind needs, when the kind is known without an event.
             let needed = trigger.needed_permissions().await;
             trigger.perms.review(&trigger.client, &needed).await;

@@ -246,9 +246,44 @@ struct Seen {
     obj: Option<Arc<Value>>,
 }
 
+impl K8sSourceConfig {
+    fn needed(&self, namespaced: bool) -> Vec<Permission> {
+        let ns = if namespaced {
+            self.namespace.clone()
+        } else {
+            None
+        };
+        ["list", "watch"]
+            .iter()
+            .map(|v| Permission {
+                verb: (*v).into(),
+                group: self.group.clone(),
+                resource: self.resource.clone(),
+                namespace: ns.clone(),
+            })
+            .collect()
+    }
+}
+
 impl SourceConfig for K8sSourceConfig {
     fn validate(&self, _name: &str) -> Result<(), String> {
         self.check().map(drop)
+    }
+
+    fn preflight<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        Box::pin(async move {
+            self.check()?;
+            let component = format!("source {name}");
+            let client = client::connect(&self.connection(), &component).await?;
+            let kind = client::Kinds::default()
+                .resolve_resource(&client, &self.group, &self.version, &self.resource)
+                .await
+                .map_err(|e| e.to_string())?;
+            let perms = Permissions::new(&component, sluice_core::Health::default());
+            Ok(perms
+                .preflight(&client, &self.needed(kind.namespaced))
+                .await)
+        })
     }
 
     fn build(
@@ -274,16 +309,7 @@ impl SourceConfig for K8sSourceConfig {
             } else {
                 None
             };
-            let needed: Vec<Permission> = ["list", "watch"]
-                .iter()
-                .map(|v| Permission {
-                    verb: (*v).into(),
-                    group: self.group.clone(),
-                    resource: self.resource.clone(),
-                    namespace: ns.clone(),
-                })
-                .collect();
-            perms.review(&client, &needed).await;
+            perms.review(&client, &self.needed(kind.namespaced)).await;
             let api = match &ns {
                 Some(n) => {
                     kube::Api::<DynamicObject>::namespaced_with(client.clone(), n, &kind.resource)

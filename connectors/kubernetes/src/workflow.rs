@@ -194,6 +194,21 @@ impl SinkConfig for ArgoWorkflowConfig {
         self.check().map(drop)
     }
 
+    fn preflight<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        Box::pin(async move {
+            self.check()?;
+            let component = format!("sink {name}");
+            let client = client::connect(&self.connection(), &component).await?;
+            let namespace = self
+                .namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_owned());
+            let perms = client::Permissions::new(&component, sluice_core::Health::default());
+            let needed = needed(self.operation, self.selector.is_some(), &namespace);
+            Ok(perms.preflight(&client, &needed).await)
+        })
+    }
+
     fn build(
         self: Box<Self>,
         ctx: SinkContext,
@@ -221,7 +236,7 @@ impl SinkConfig for ArgoWorkflowConfig {
                 selector: self.selector.clone(),
                 server: self.argo_server.clone(),
             });
-            let needed = wf.needed(&namespace);
+            let needed = needed(wf.op, wf.selector.is_some(), &namespace);
             wf.t.perms.review(&wf.t.client, &needed).await;
             tracing::info!(sink = %ctx.name, operation = ?self.operation, %namespace,
                 missing_permissions = wf.t.perms.missing().len(), "argo-workflow: ready");
@@ -245,29 +260,6 @@ struct Wf {
 }
 
 impl Wf {
-    /// The verbs on workflows (and the templates read) each operation needs.
-    fn needed(&self, ns: &str) -> Vec<Permission> {
-        let p = |verb: &str, resource: &str| Permission {
-            verb: verb.into(),
-            group: "argoproj.io".into(),
-            resource: resource.into(),
-            namespace: Some(ns.to_owned()),
-        };
-        match self.op {
-            WfOperation::Submit => vec![p("create", "workflows")],
-            WfOperation::SubmitFrom => vec![p("create", "workflows"), p("get", "cronworkflows")],
-            WfOperation::Suspend | WfOperation::Stop | WfOperation::Terminate => {
-                let mut v = vec![p("get", "workflows"), p("patch", "workflows")];
-                if self.selector.is_some() {
-                    v.push(p("list", "workflows"));
-                }
-                v
-            }
-            // The Argo Server checks these with its own identity (or the token's).
-            WfOperation::Resume | WfOperation::Retry | WfOperation::Resubmit => Vec::new(),
-        }
-    }
-
     async fn run(&self, event: &Event) -> Result<Done, Failure> {
         let mut doc = self.t.template().await?;
         self.t.params.apply(&mut doc, event).map_err(Failure::Bad)?;
@@ -484,6 +476,29 @@ impl Wf {
             Some(status.as_u16()),
             format!("argo server {} {name}: {message}", op.verb()),
         ))
+    }
+}
+
+/// The verbs on workflows (and the templates read) each operation needs.
+fn needed(op: WfOperation, selector: bool, ns: &str) -> Vec<Permission> {
+    let p = |verb: &str, resource: &str| Permission {
+        verb: verb.into(),
+        group: "argoproj.io".into(),
+        resource: resource.into(),
+        namespace: Some(ns.to_owned()),
+    };
+    match op {
+        WfOperation::Submit => vec![p("create", "workflows")],
+        WfOperation::SubmitFrom => vec![p("create", "workflows"), p("get", "cronworkflows")],
+        WfOperation::Suspend | WfOperation::Stop | WfOperation::Terminate => {
+            let mut v = vec![p("get", "workflows"), p("patch", "workflows")];
+            if selector {
+                v.push(p("list", "workflows"));
+            }
+            v
+        }
+        // The Argo Server checks these with its own identity (or the token's).
+        WfOperation::Resume | WfOperation::Retry | WfOperation::Resubmit => Vec::new(),
     }
 }
 

@@ -474,3 +474,110 @@ async fn the_source_misses_nothing_across_a_restart() {
         .unwrap()
         .unwrap();
 }
+
+/// Argo's `policy.k8s`: delivery waits, by a watch of the object, until its labels match; a wait
+/// that runs out fails the event with `errorOnBackoffTimeout`, and delivers it without.
+#[tokio::test]
+async fn policy_waits_for_the_labels() {
+    let ns = ns("policy");
+    let c = client().await;
+    let api = workflows(&c, &ns);
+    let sink = |name: &str, error_on_timeout: bool| {
+        json!({"kubeconfig": kc(), "namespace": ns, "resource": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+            "metadata": {"name": name}, "spec": {"entrypoint": "x"}},
+            "policy": {"labels": {"workflows.argoproj.io/completed": "true"},
+                       "backoff": {"duration": "500ms", "steps": 4}, "errorOnBackoffTimeout": error_on_timeout}})
+    };
+    let rig = testkit::start_sink::<K8sSinkConfig>("policy", sink("done-soon", true)).await;
+    let pending = tokio::spawn(async move { rig.send(vec![Event::new("p1", "s", "t")]).await });
+    // The "controller" marks it completed after a while.
+    for _ in 0..100 {
+        if api.get_opt("done-soon").await.unwrap().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!pending.is_finished(), "delivery waits for the labels");
+    api.patch(
+        "done-soon",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"workflows.argoproj.io/completed": "true"}}})),
+    )
+    .await
+    .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status, Status::Delivered, "{out:?}");
+
+    // Never labelled: failed with errorOnBackoffTimeout (after 0.5 × 4 s), delivered without.
+    let rig = testkit::start_sink::<K8sSinkConfig>("policy-strict", sink("never", true)).await;
+    let started = std::time::Instant::now();
+    let out = rig.send(vec![Event::new("p2", "s", "t")]).await;
+    assert_eq!(out.status, Status::Rejected, "{out:?}");
+    assert!(out.reason.unwrap().contains("did not match"));
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    let rig = testkit::start_sink::<K8sSinkConfig>("policy-lax", sink("never-lax", false)).await;
+    assert_eq!(
+        rig.send(vec![Event::new("p3", "s", "t")]).await.status,
+        Status::Delivered
+    );
+}
+
+/// The object from a URL (Argo's `url` artifact): fetched for each event, at most 512 KiB.
+#[tokio::test]
+async fn the_object_can_come_from_a_url() {
+    use http_body_util::Full;
+    let ns = ns("url");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let svc = hyper::service::service_fn(
+                |req: hyper::Request<hyper::body::Incoming>| async move {
+                    let body = match req.uri().path() {
+                    "/wf.yaml" => "apiVersion: argoproj.io/v1alpha1\nkind: Workflow\nmetadata:\n  generateName: from-url-\n  labels: {origin: url}\nspec:\n  entrypoint: x\n".to_owned(),
+                    _ => format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: big}}\ndata: {{pad: \"{}\"}}\n", "x".repeat(600 * 1024)),
+                };
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                        bytes::Bytes::from(body),
+                    )))
+                },
+            );
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    let rig = testkit::start_sink::<K8sSinkConfig>(
+        "url",
+        json!({"kubeconfig": kc(), "namespace": ns,
+        "url": {"path": format!("http://127.0.0.1:{port}/wf.yaml")}}),
+    )
+    .await;
+    assert_eq!(
+        rig.send(vec![Event::new("u1", "s", "t")]).await.status,
+        Status::Delivered
+    );
+    let c = client().await;
+    assert_eq!(
+        wait_list(&workflows(&c, &ns), "origin=url", 1).await.len(),
+        1
+    );
+    let rig = testkit::start_sink::<K8sSinkConfig>(
+        "url-big",
+        json!({"kubeconfig": kc(), "namespace": ns,
+        "url": {"path": format!("http://127.0.0.1:{port}/big.yaml")}}),
+    )
+    .await;
+    let out = rig.send(vec![Event::new("u2", "s", "t")]).await;
+    assert_eq!(out.status, Status::Rejected, "{out:?}");
+    assert!(out.reason.unwrap().contains("524288"), "the cap is named");
+}

@@ -54,6 +54,12 @@ async fn serve(
                             "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview", "spec": {},
                             "status": {"allowed": allowed, "reason": if allowed { "" } else { "no RBAC policy matched" }}}),
                         ),
+                        ("GET", "/api/v1/namespaces/argo/configmaps/templates") => (
+                            200,
+                            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": "templates", "namespace": "argo"},
+                            "data": {"wf.yaml": "apiVersion: argoproj.io/v1alpha1\nkind: Workflow\nmetadata:\n  generateName: from-cm-\nspec:\n  entrypoint: x\n"}}),
+                        ),
                         ("POST", "/apis/argoproj.io/v1alpha1/namespaces/argo/workflows") => {
                             let n = c.fetch_add(1, Ordering::SeqCst);
                             match creates {
@@ -160,4 +166,110 @@ async fn throttling_is_retried_after_the_servers_wait() {
     let out = rig.send(vec![Event::new("e2", "s", "t")]).await;
     assert_eq!(out.status, Status::Failed, "{out:?}");
     assert!(out.reason.unwrap().contains("429"));
+}
+
+/// `sluice validate --kube`'s check of a sink: the review's answer, without starting anything.
+#[tokio::test]
+async fn preflight_names_each_missing_permission() {
+    use sluice_core::SinkConfig;
+    let (kc, calls, _dir) = serve(Creates::Forbidden, false).await;
+    let c: K8sSinkConfig = serde_json::from_value(cfg(&kc)).unwrap();
+    let problems = c.preflight("wf").await.unwrap();
+    assert_eq!(
+        problems,
+        ["missing permission: create argoproj.io/workflows in namespace argo (grant it to the identity Sluice runs as)"]
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing was created");
+    let (kc, _, _dir) = serve(Creates::Forbidden, true).await;
+    let c: K8sSinkConfig = serde_json::from_value(cfg(&kc)).unwrap();
+    assert!(c.preflight("wf").await.unwrap().is_empty());
+}
+
+/// The object from a ConfigMap key, read through the API (core/v1: not in the test API server).
+#[tokio::test]
+async fn the_object_can_come_from_a_configmap() {
+    let (kc, calls, _dir) = serve(Creates::ThrottledThenCreated(0), true).await;
+    let rig = testkit::start_sink::<K8sSinkConfig>(
+        "cm",
+        json!({"kubeconfig": kc, "configmap": {"name": "templates", "key": "wf.yaml"}}),
+    )
+    .await;
+    let out = rig.send(vec![Event::new("c1", "s", "t")]).await;
+    assert_eq!(out.status, Status::Delivered, "{out:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let rig = testkit::start_sink::<K8sSinkConfig>(
+        "cm-missing-key",
+        json!({"kubeconfig": kc, "configmap": {"name": "templates", "key": "nope.yaml"}}),
+    )
+    .await;
+    let out = rig.send(vec![Event::new("c2", "s", "t")]).await;
+    assert_eq!(out.status, Status::Rejected);
+    assert!(out.reason.unwrap().contains("no key \"nope.yaml\""));
+}
+
+/// `resume`, `retry` and `resubmit` go to the Argo Server's REST API with the bearer token.
+#[tokio::test]
+async fn resume_goes_to_the_argo_server() {
+    use sluice_kubernetes::ArgoWorkflowConfig;
+    let (kc, _, _dir) = serve(Creates::Forbidden, true).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String, String)>();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let tx = tx.clone();
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let auth = req
+                    .headers()
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned();
+                let _ = tx.send((req.method().to_string(), req.uri().path().to_owned(), auth));
+                let status = if req.uri().path().contains("/gone/") {
+                    404
+                } else {
+                    200
+                };
+                async move {
+                    Ok::<_, Infallible>(
+                        Response::builder()
+                            .status(status)
+                            .body(Full::new(Bytes::from(if status == 404 {
+                                r#"{"code":5,"message":"workflows.argoproj.io \"gone\" not found"}"#
+                            } else {
+                                "{}"
+                            })))
+                            .unwrap(),
+                    )
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    let cfg = |name: &str| {
+        json!({"kubeconfig": kc, "operation": "resume", "argo_server": {"url": format!("http://127.0.0.1:{port}"), "token": "s3cret"},
+            "resource": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name}}})
+    };
+    let rig = testkit::start_sink::<ArgoWorkflowConfig>("resume", cfg("wf-1")).await;
+    assert_eq!(
+        rig.send(vec![Event::new("r1", "s", "t")]).await.status,
+        Status::Delivered
+    );
+    let (method, path, auth) = rx.recv().await.unwrap();
+    assert_eq!(
+        (method.as_str(), path.as_str(), auth.as_str()),
+        ("PUT", "/api/v1/workflows/argo/wf-1/resume", "Bearer s3cret")
+    );
+    let rig = testkit::start_sink::<ArgoWorkflowConfig>("resume-gone", cfg("gone")).await;
+    let out = rig.send(vec![Event::new("r2", "s", "t")]).await;
+    assert_eq!(out.status, Status::Rejected);
+    assert!(out.reason.unwrap().contains("not found"));
 }
