@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/envtest.sh build|start|stop|env — a real Kubernetes API server for the kubernetes
+# scripts/envtest.sh build|start|stop — a real Kubernetes API server for the kubernetes
 # connector's tests: the upstream apiextensions-apiserver (Kubernetes 1.36 code: CRDs, custom
 # resources, generateName, watch, label and field selectors, schema validation, merge / JSON /
 # server-side-apply patches) with etcd 3.5. No registry reachable here ships a kube-apiserver,
@@ -8,7 +8,7 @@
 #
 #   build   build the binaries and the test PKI if they are missing (idempotent)
 #   start   start etcd and the API server on free loopback ports, install the test CRDs
-#           (tests/k8s/crds.yaml), write $ROOT/run/kubeconfig; prints KUBECONFIG=…
+#           (tests/k8s/crds/*.json), write $RUN/kubeconfig; prints KUBECONFIG=…
 #   stop    stop both
 #
 # What it is not: no core/v1 (Pods, ConfigMaps, Namespaces), no controllers, no RBAC (the test
@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The built binaries and the test PKI are cached outside the checkout (a fresh clone reuses
 # them); the running servers' files are under target/.
-ROOT=${ENVTEST_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice/k8s-envtest}
+ROOT=${ENVTEST_ROOT:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/sluice/k8s-envtest}
 RUN=${ENVTEST_RUN:-$PWD/target/k8s-envtest/run}
 die() { printf 'scripts/envtest.sh: %s\n' "$*" >&2; exit 1; }
 
@@ -39,14 +39,18 @@ build() {
              -o Dir::State::Lists="$ROOT/apt/lists" -o Dir::Cache="$ROOT/apt/cache" -o Debug::NoLocking=1)
   apt-get "${APT[@]}" -qq update
   apt-cache "${APT[@]}" depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
-    --no-replaces --no-enhances golang-k8s-apiextensions-apiserver-dev \
-    | grep -E '^golang-.*-dev$' | sort -u > "$ROOT/pkgs.txt"
+    --no-replaces --no-enhances golang-k8s-apiextensions-apiserver-dev > "$ROOT/deps.txt" ||
+    die "apt-cache could not resolve golang-k8s-apiextensions-apiserver-dev in Debian sid"
+  { grep -E '^golang-.*-dev$' "$ROOT/deps.txt" || true; } | sort -u > "$ROOT/pkgs.txt"
+  [ -s "$ROOT/pkgs.txt" ] || die "Debian sid lists no Go source packages for golang-k8s-apiextensions-apiserver-dev"
   # The Go toolchain: the newest golang-1.NN that sid has.
   local go
-  go=$(apt-cache "${APT[@]}" pkgnames golang-1. 2>/dev/null | grep -E '^golang-1\.[0-9]+-go$' | sort -V | tail -1)
+  go=$({ apt-cache "${APT[@]}" pkgnames golang-1. 2>/dev/null || true; } | { grep -E '^golang-1\.[0-9]+-go$' || true; } | sort -V | tail -1)
   go=${go%-go}
   [ -n "$go" ] || die "no golang-1.NN-go package in Debian sid"
-  ( cd "$ROOT/debs" && apt-get "${APT[@]}" -qq download $(cat "$ROOT/pkgs.txt") "$go-go" "$go-src" etcd-server 2>&1 | grep -v unsandboxed || true )
+  # (apt warns that a download as root is unsandboxed: that line alone is dropped.)
+  ( cd "$ROOT/debs" && apt-get "${APT[@]}" -qq download $(cat "$ROOT/pkgs.txt") "$go-go" "$go-src" etcd-server \
+      2> >(grep -v unsandboxed >&2) ) || die "downloading the source packages from $mirror failed (output above)"
   for d in "$ROOT"/debs/*.deb; do dpkg-deb -x "$d" "$ROOT/root"; done
   local gv=${go#golang-}    # golang-1.NN is unpacked as usr/lib/go-1.NN and usr/share/go-1.NN
   ln -sfn "../../share/go-$gv/src" "$ROOT/root/usr/lib/go-$gv/src"
@@ -84,6 +88,8 @@ curl_api() {
 start() {
   build
   stop
+  # Whatever fails from here stops what was started.
+  trap 'stop' ERR
   mkdir -p "$RUN"
   rm -rf "$RUN/etcd-data" "$RUN/certs"
   local port eport pport
@@ -114,20 +120,21 @@ KC
     if [ -f "$RUN/certs/apiserver.crt" ] && curl_api "https://127.0.0.1:$port/apis/apiextensions.k8s.io/v1/customresourcedefinitions" >/dev/null 2>&1; then up=1; break; fi
     sleep 0.2
   done
-  [ $up = 1 ] || die "the API server did not come up within 30s; see $RUN/apiserver.log and $RUN/etcd.log"
+  [ $up = 1 ] || { stop; die "the API server did not come up within 30s; see $RUN/apiserver.log and $RUN/etcd.log"; }
   # The CRDs the tests use, then wait until each is served.
   local crd
   for crd in tests/k8s/crds/*.json; do
     curl_api -X POST -H 'content-type: application/json' --data-binary "@$crd" \
       "https://127.0.0.1:$port/apis/apiextensions.k8s.io/v1/customresourcedefinitions" >/dev/null ||
-      die "could not install $crd; see $RUN/apiserver.log"
+      { stop; die "could not install $crd; see $RUN/apiserver.log"; }
   done
   for path in apis/argoproj.io/v1alpha1/workflows apis/argoproj.io/v1alpha1/workflowtemplates \
               apis/argoproj.io/v1alpha1/clusterworkflowtemplates apis/argoproj.io/v1alpha1/cronworkflows; do
     up=0
     for _ in $(seq 1 100); do curl_api "https://127.0.0.1:$port/$path" >/dev/null 2>&1 && { up=1; break; }; sleep 0.1; done
-    [ $up = 1 ] || die "/$path is not served after installing the CRDs; see $RUN/apiserver.log"
+    [ $up = 1 ] || { stop; die "/$path is not served after installing the CRDs; see $RUN/apiserver.log"; }
   done
+  trap - ERR
   echo "KUBECONFIG=$RUN/kubeconfig"
 }
 

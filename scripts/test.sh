@@ -154,19 +154,20 @@ log "kubernetes API server"
 # about 3 minutes). When it cannot be built (sid in the middle of a transition, no Debian
 # mirror), those tests are reported as skipped, by name, and left out of the run.
 command -v openssl >/dev/null 2>&1 || apt_install openssl
+trap 'bash scripts/envtest.sh stop >/dev/null 2>&1 || true' EXIT
 if envtest_out=$(bash scripts/envtest.sh start 2>&1); then
-  export SLUICE_TEST_KUBECONFIG="$PWD/target/k8s-envtest/run/kubeconfig"
-  echo "$envtest_out" | tail -1
-  trap 'bash scripts/envtest.sh stop >/dev/null 2>&1 || true' EXIT
+  kc_line=$(grep '^KUBECONFIG=' <<<"$envtest_out" | tail -1)
+  export SLUICE_TEST_KUBECONFIG="${kc_line#KUBECONFIG=}"
+  echo "$kc_line"
 else
   echo "$envtest_out" | tail -20
   echo "SKIPPED: sluice-kubernetes::envtest (every test in connectors/kubernetes/tests/envtest.rs) and"
-  echo "SKIPPED: sluice::e2e s3_to_sensor_to_argo_workflow"
+  echo "SKIPPED: sluice::e2e s3_to_sensor_to_argo_workflow and validate_kube_reports_each_permission_it_could_not_confirm"
   echo "  reason: the test API server could not be built or started (output above)"
   if [ ${#skip[@]} -gt 0 ]; then
-    skip=(-E 'not (binary_id(sluice-pubsub::emulator) or test(/^gcp_pubsub_/) or binary_id(sluice-kubernetes::envtest) or test(/^s3_to_sensor_to_argo/))')
+    skip=(-E 'not (binary_id(sluice-pubsub::emulator) or test(/^gcp_pubsub_/) or binary_id(sluice-kubernetes::envtest) or test(/^s3_to_sensor_to_argo/) or test(/^validate_kube_/))')
   else
-    skip=(-E 'not (binary_id(sluice-kubernetes::envtest) or test(/^s3_to_sensor_to_argo/))')
+    skip=(-E 'not (binary_id(sluice-kubernetes::envtest) or test(/^s3_to_sensor_to_argo/) or test(/^validate_kube_/))')
   fi
 fi
 

@@ -184,7 +184,9 @@ impl KubeError {
     pub fn of(e: &kube::Error) -> KubeError {
         match e {
             kube::Error::Api(s) => KubeError {
-                code: Some(s.code),
+                // A JSON error body that is not a Status (a proxy's) reads as code 0: no
+                // answer from the API server, retried.
+                code: (s.code != 0).then_some(s.code),
                 reason: s.reason.clone(),
                 message: s.message.clone(),
                 retry_after: s
@@ -364,6 +366,19 @@ impl Permissions {
             format!("rbac {p}"),
             format!("missing permission: {p} (grant it to the identity Sluice runs as)"),
         );
+    }
+
+    /// A call of `p` succeeded: clears it if it was marked missing (a Role fixed while Sluice
+    /// runs turns `/readyz` green again). Cheap when nothing is missing.
+    pub fn used(&self, p: impl FnOnce() -> Permission) {
+        let empty = self
+            .missing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty();
+        if !empty {
+            self.granted(&p());
+        }
     }
 
     pub fn granted(&self, p: &Permission) {

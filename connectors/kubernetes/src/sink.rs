@@ -47,10 +47,14 @@ pub enum Operation {
 }
 
 impl Operation {
-    fn verbs(self) -> &'static [&'static str] {
+    fn verbs(self, strategy: PatchStrategy) -> &'static [&'static str] {
         match self {
             Operation::Create => &["create"],
             Operation::Update => &["get", "update", "create"],
+            // A JSON patch names an object that exists; apply creates without a GET.
+            Operation::Patch if matches!(strategy, PatchStrategy::Json | PatchStrategy::Apply) => {
+                &["patch"]
+            }
             Operation::Patch => &["get", "patch", "create"],
             Operation::Apply => &["patch"],
             Operation::Delete => &["delete"],
@@ -259,10 +263,12 @@ impl K8sSinkConfig {
                 let named = id.name.is_some()
                     || (self.operation == Operation::Create && id.generate_name.is_some());
                 // A parameter may set the name.
-                let params_name = self
-                    .parameters
-                    .iter()
-                    .any(|p| p.dest.starts_with("metadata.name") || p.dest.is_empty());
+                let params_name = self.parameters.iter().any(|p| {
+                    matches!(
+                        p.dest.as_str(),
+                        "" | "metadata.name" | "metadata.generateName"
+                    )
+                });
                 if !named && !params_name {
                     return Err(format!(
                         "resource: metadata.name is required for {:?}{}",
@@ -533,7 +539,7 @@ impl Trigger {
         let ns = k
             .namespaced
             .then(|| ns.unwrap_or_else(|| self.namespace.clone()));
-        let mut verbs: Vec<&str> = self.op.verbs().to_vec();
+        let mut verbs: Vec<&str> = self.op.verbs(self.strategy).to_vec();
         if self.policy.is_some() {
             verbs.extend(["list", "watch"]);
         }
@@ -607,6 +613,16 @@ impl Trigger {
             let err = match r {
                 Ok(Ok(v)) => {
                     count(&self.name, verb, Some(200));
+                    if let Some(k) = kind {
+                        self.perms.used(|| Permission {
+                            verb: verb.to_owned(),
+                            group: k.resource.group.clone(),
+                            resource: k.resource.plural.clone(),
+                            namespace: k
+                                .namespaced
+                                .then(|| ns.unwrap_or(&self.namespace).to_owned()),
+                        });
+                    }
                     return Ok(v);
                 }
                 Ok(Err(e)) => KubeError::of(&e),
@@ -712,6 +728,16 @@ impl Trigger {
                             conflicts += 1;
                             continue;
                         }
+                        Err(Failure::Api(f)) if f.err.is(409) => {
+                            // Contention, not a refusal of the object: the sender retries.
+                            let mut err = f.err;
+                            err.message = format!(
+                                "{} (409 Conflict {conflicts} times in a row)",
+                                err.message
+                            );
+                            err.code = None;
+                            return Err(Failure::api(f.verb, f.kind, f.ns, err));
+                        }
                         Err(e) => return Err(e),
                     }
                 }
@@ -777,12 +803,12 @@ impl Trigger {
         name: Option<String>,
         event: &Event,
     ) -> Result<Done, Failure> {
-        let name = match (name, id_generate_name(&obj)) {
-            (Some(n), _) => n,
+        let (name, derived) = match (name, id_generate_name(&obj)) {
+            (Some(n), _) => (n, false),
             (None, Some(g)) => {
                 let n = object::derived_name(&g, event, &self.name);
                 object::set_meta(&mut obj, "name", Value::String(n.clone()));
-                n
+                (n, true)
             }
             (None, None) => {
                 return Err(Failure::Bad(
@@ -798,7 +824,7 @@ impl Trigger {
             .await
         {
             Ok(_) => Ok(Done::Applied(name)),
-            Err(Failure::Api(f)) if f.err.is(409) && f.err.reason == "AlreadyExists" => {
+            Err(Failure::Api(f)) if derived && f.err.is(409) && f.err.reason == "AlreadyExists" => {
                 self.duplicates.increment(1);
                 Ok(Done::Duplicate(name))
             }
@@ -872,21 +898,54 @@ impl Trigger {
                 .all(|(key, v)| labels.and_then(|l| l.get(key)) == Some(v))
         };
         let wait = Backoff::total(&policy.backoff);
-        let mut stream = std::pin::pin!(kube::runtime::watcher(api, cfg));
-        let watched = tokio::time::timeout(wait, async {
+        use kube::runtime::watcher::{Error as WatchError, Event as WatchEvent};
+        use kube::runtime::WatchStreamExt;
+        // With backoff between failed tries (a watch that cannot start would otherwise be
+        // retried at once, over and over, for the whole wait).
+        let mut stream = std::pin::pin!(kube::runtime::watcher(api, cfg).default_backoff());
+        let watching = async {
             while let Some(ev) = stream.next().await {
                 match ev {
-                    Ok(kube::runtime::watcher::Event::Apply(o) | kube::runtime::watcher::Event::InitApply(o)) if matches(&o) => return Ok(()),
-                    Ok(kube::runtime::watcher::Event::Delete(_)) => {
-                        return Err(Failure::Bad(format!("policy: {name} was deleted before its labels matched")))
+                    Ok(WatchEvent::Apply(o) | WatchEvent::InitApply(o)) if matches(&o) => {
+                        return Ok(())
+                    }
+                    Ok(WatchEvent::Delete(_)) => {
+                        return Err(Failure::Bad(format!(
+                            "policy: {name} was deleted before its labels matched"
+                        )))
                     }
                     Ok(_) => {}
-                    Err(e) => tracing::debug!(sink = %self.name, error = %e, "k8s: policy watch error (retried)"),
+                    Err(WatchError::InitialListFailed(e) | WatchError::WatchStartFailed(e)) => {
+                        let err = KubeError::of(&e);
+                        if err.verdict() == Verdict::Forbidden {
+                            // The policy needs list and watch: said like any missing verb.
+                            return Err(Failure::api(
+                                "watch",
+                                Some(k.clone()),
+                                Some(ns.to_owned()),
+                                err,
+                            ));
+                        }
+                        tracing::debug!(sink = %self.name, error = %err, "k8s: policy watch error (retried)");
+                    }
+                    Err(e) => {
+                        tracing::debug!(sink = %self.name, error = %e, "k8s: policy watch error (retried)")
+                    }
                 }
             }
             Err(Failure::Bad("policy: the watch ended".into()))
-        })
-        .await;
+        };
+        let watched = tokio::select! {
+            r = tokio::time::timeout(wait, watching) => r,
+            _ = self.grace_over.cancelled() => {
+                return Err(Failure::api("watch", Some(k.clone()), Some(ns.to_owned()), KubeError {
+                    code: None,
+                    reason: String::new(),
+                    message: format!("policy: the shutdown grace ended while waiting for the labels of {name}"),
+                    retry_after: None,
+                }));
+            }
+        };
         match watched {
             Ok(r) => r,
             Err(_) if policy.error_on_backoff_timeout => Err(Failure::Bad(format!(

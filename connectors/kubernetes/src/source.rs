@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Timelike, Utc};
 use futures_util::stream::FuturesOrdered;
 use futures_util::StreamExt;
 use kube::api::DynamicObject;
@@ -345,6 +345,7 @@ impl SourceConfig for K8sSourceConfig {
             };
             tracing::info!(source = %ctx.name, resource = %kind.gr(), namespace = ns.as_deref().unwrap_or("*"),
                 known_objects = seen.len(), "k8s: watching");
+            let needed = self.needed(kind.namespaced);
             let watch = Watch {
                 cfg: *self,
                 name: ctx.name.clone(),
@@ -357,6 +358,8 @@ impl SourceConfig for K8sSourceConfig {
                 sender: ctx.sender,
                 shutdown: ctx.shutdown.clone(),
                 objects: metrics::gauge!(K8S_WATCHED_OBJECTS, "source" => ctx.name.clone()),
+                needed,
+                perms,
             };
             let wc = watcher::Config::default().labels(&labels);
             Ok(Box::pin(watch.run(api, wc, seen)) as Running)
@@ -376,7 +379,15 @@ struct Watch {
     sender: SourceSender,
     shutdown: CancellationToken,
     objects: metrics::Gauge,
+    /// `list` and `watch` on the resource: marked missing on a 403, granted once a list worked.
+    perms: Permissions,
+    needed: Vec<Permission>,
 }
+
+/// A change on its way: resolves to the state to record once it is settled (`None`: not
+/// delivered before the source stopped; nothing is recorded).
+type Settling =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<(String, Option<Seen>)>> + Send>>;
 
 /// A change to emit, and the state it leaves once delivered.
 struct Change {
@@ -398,7 +409,7 @@ impl Watch {
     ) -> Result<(), ConnectorError> {
         let mut stream = std::pin::pin!(watcher(api, wc));
         let mut listed: Option<HashSet<String>> = None;
-        let mut in_flight = FuturesOrdered::new();
+        let mut in_flight: FuturesOrdered<Settling> = FuturesOrdered::new();
         let mut failures = 0u32;
         self.objects.set(seen.len() as f64);
         loop {
@@ -435,7 +446,9 @@ impl Watch {
                     | watcher::Error::WatchStartFailed(kube::Error::Api(s)) = &e
                     {
                         if s.code == 403 {
-                            tracing::error!(source = %self.name, error = %s.message, "k8s: watch forbidden: grant list and watch on the resource");
+                            for p in &self.needed {
+                                self.perms.denied(p, &s.message);
+                            }
                         }
                     }
                     tracing::warn!(source = %self.name, error = %e, "k8s: watch failed; retrying");
@@ -460,6 +473,10 @@ impl Watch {
                     self.applied(&mut seen, obj).into_iter().collect()
                 }
                 watcher::Event::InitDone => {
+                    // A list worked: whatever a 403 marked missing is there now.
+                    for p in &self.needed {
+                        self.perms.granted(p);
+                    }
                     // Objects known before (in state, or from an earlier list) that the list
                     // no longer has were deleted while the watch was away.
                     let l = listed.take().unwrap_or_default();
@@ -500,9 +517,14 @@ impl Watch {
             self.objects.set(seen.len() as f64);
             for c in changes {
                 match self.event(&c) {
-                    Some(ev) => in_flight.push_back(self.deliver(ev, c)),
-                    // Filtered out: the state still moves on (it was seen).
-                    None => self.persist(&[(c.uid, c.after)]),
+                    Some(ev) => in_flight.push_back(Box::pin(self.deliver(ev, c)) as Settling),
+                    // Filtered out: the state still moves on (it was seen), in its turn behind
+                    // what is still in flight, so an older change is never recorded over it.
+                    None => {
+                        in_flight.push_back(
+                            Box::pin(std::future::ready(Some((c.uid, c.after)))) as Settling
+                        )
+                    }
                 }
             }
         }
@@ -597,7 +619,9 @@ impl Watch {
                         .map(|t| t.with_timezone(&Utc))
                         .or(Some(Utc::now())),
                 };
-                if at.is_none_or(|t| t < self.started) {
+                // Timestamps are whole seconds: what happened in the start's second counts.
+                let started = self.started.with_nanosecond(0).unwrap_or(self.started);
+                if at.is_none_or(|t| t < started) {
                     return None;
                 }
             }

@@ -149,10 +149,12 @@ impl ArgoWorkflowConfig {
         let params = Params::compile(&self.parameters)?;
         if let Origin::Inline(obj) = &origin {
             let id = object::ident(obj).map_err(|e| format!("resource: {e}"))?;
-            let by_param = self
-                .parameters
-                .iter()
-                .any(|p| p.dest.starts_with("metadata.name") || p.dest.is_empty());
+            let by_param = self.parameters.iter().any(|p| {
+                matches!(
+                    p.dest.as_str(),
+                    "" | "metadata.name" | "metadata.generateName"
+                )
+            });
             match self.operation {
                 WfOperation::Submit => {
                     if id.kind != "Workflow" {
@@ -189,6 +191,13 @@ impl ArgoWorkflowConfig {
     }
 }
 
+impl ArgoWorkflowConfig {
+    /// Whether `submit-from` reads a CronWorkflow (the kind known without an event).
+    fn from_cron(&self) -> bool {
+        matches!(&self.resource, Some(r) if r.get("kind").and_then(Value::as_str) == Some("CronWorkflow"))
+    }
+}
+
 impl SinkConfig for ArgoWorkflowConfig {
     fn validate(&self, _name: &str) -> Result<(), String> {
         self.check().map(drop)
@@ -204,7 +213,12 @@ impl SinkConfig for ArgoWorkflowConfig {
                 .clone()
                 .unwrap_or_else(|| client.default_namespace().to_owned());
             let perms = client::Permissions::new(&component, sluice_core::Health::default());
-            let needed = needed(self.operation, self.selector.is_some(), &namespace);
+            let needed = needed(
+                self.operation,
+                self.selector.is_some(),
+                self.from_cron(),
+                &namespace,
+            );
             Ok(perms.preflight(&client, &needed).await)
         })
     }
@@ -236,7 +250,7 @@ impl SinkConfig for ArgoWorkflowConfig {
                 selector: self.selector.clone(),
                 server: self.argo_server.clone(),
             });
-            let needed = needed(wf.op, wf.selector.is_some(), &namespace);
+            let needed = needed(wf.op, wf.selector.is_some(), self.from_cron(), &namespace);
             wf.t.perms.review(&wf.t.client, &needed).await;
             tracing::info!(sink = %ctx.name, operation = ?self.operation, %namespace,
                 missing_permissions = wf.t.perms.missing().len(), "argo-workflow: ready");
@@ -313,11 +327,12 @@ impl Wf {
                         self.selector
                     )));
                 }
+                let selected = self.selector.is_some();
                 for name in &names {
                     if op.needs_server() {
-                        self.server_call(op, &ns, name).await?;
+                        self.server_call_retried(op, &ns, name).await?;
                     } else {
-                        self.shutdown_or_suspend(op, &wf_kind, &api, &ns, name)
+                        self.shutdown_or_suspend(op, &wf_kind, &api, &ns, name, selected)
                             .await?;
                     }
                 }
@@ -371,6 +386,8 @@ impl Wf {
 
     /// `stop`/`terminate` (`spec.shutdown`) and `suspend` (`spec.suspend`), as the `argo` CLI
     /// patches them; a finished Workflow is refused with its phase.
+    /// Answers whether it patched (`false`: the Workflow already is as asked, or, when
+    /// `selected` by labels, has finished and is passed over).
     async fn shutdown_or_suspend(
         &self,
         op: WfOperation,
@@ -378,17 +395,30 @@ impl Wf {
         api: &kube::Api<kube::api::DynamicObject>,
         ns: &str,
         name: &str,
-    ) -> Result<(), Failure> {
+        selected: bool,
+    ) -> Result<bool, Failure> {
         let live = self
             .t
             .call("get", Some(k), Some(ns), || api.get(name))
             .await?;
+        let (path, want) = match op {
+            WfOperation::Stop => ("/spec/shutdown", json!("Stop")),
+            WfOperation::Terminate => ("/spec/shutdown", json!("Terminate")),
+            _ => ("/spec/suspend", json!(true)),
+        };
+        // Already as asked (this event's earlier attempt, or another's): done.
+        if live.data.pointer(path) == Some(&want) {
+            return Ok(false);
+        }
         let phase = live
             .data
             .pointer("/status/phase")
             .and_then(Value::as_str)
             .unwrap_or("");
         if matches!(phase, "Succeeded" | "Failed" | "Error") {
+            if selected {
+                return Ok(false);
+            }
             return Err(Failure::Bad(format!(
                 "workflow {ns}/{name} has already finished (phase {phase}): nothing to {}",
                 op.verb()
@@ -404,7 +434,32 @@ impl Wf {
         self.t
             .call("patch", Some(k), Some(ns), || api.patch(name, &pp, &patch))
             .await?;
-        Ok(())
+        Ok(true)
+    }
+
+    /// [`Wf::server_call`], retried as the Kubernetes calls are (429, 5xx, no answer).
+    async fn server_call_retried(
+        &self,
+        op: WfOperation,
+        ns: &str,
+        name: &str,
+    ) -> Result<(), Failure> {
+        let mut attempt = 0;
+        loop {
+            match self.server_call(op, ns, name).await {
+                Err(Failure::Api(f))
+                    if f.err.verdict() == client::Verdict::Retry && attempt < self.t.retries =>
+                {
+                    let wait = client::backoff(attempt, f.err.retry_after);
+                    attempt += 1;
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = self.t.grace_over.cancelled() => return Err(Failure::Api(f)),
+                    }
+                }
+                r => return r,
+            }
+        }
     }
 
     /// `PUT /api/v1/workflows/{ns}/{name}/{op}` on the Argo Server.
@@ -480,7 +535,7 @@ impl Wf {
 }
 
 /// The verbs on workflows (and the templates read) each operation needs.
-fn needed(op: WfOperation, selector: bool, ns: &str) -> Vec<Permission> {
+fn needed(op: WfOperation, selector: bool, from_cron: bool, ns: &str) -> Vec<Permission> {
     let p = |verb: &str, resource: &str| Permission {
         verb: verb.into(),
         group: "argoproj.io".into(),
@@ -489,7 +544,10 @@ fn needed(op: WfOperation, selector: bool, ns: &str) -> Vec<Permission> {
     };
     match op {
         WfOperation::Submit => vec![p("create", "workflows")],
-        WfOperation::SubmitFrom => vec![p("create", "workflows"), p("get", "cronworkflows")],
+        WfOperation::SubmitFrom if from_cron => {
+            vec![p("create", "workflows"), p("get", "cronworkflows")]
+        }
+        WfOperation::SubmitFrom => vec![p("create", "workflows")],
         WfOperation::Suspend | WfOperation::Stop | WfOperation::Terminate => {
             let mut v = vec![p("get", "workflows"), p("patch", "workflows")];
             if selector {

@@ -350,7 +350,28 @@ async fn argo_workflow_submit_from_template_and_stop() {
     )
     .await
     .unwrap();
-    let out = stop.send(vec![Event::new("s2", "s", "t")]).await;
+    // Again (a redelivery): already stopped, done.
+    assert_eq!(
+        stop.send(vec![Event::new("s2", "s", "t")]).await.status,
+        Status::Delivered
+    );
+    // A Workflow named that finished without being stopped: a clear refusal.
+    let done: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+        "metadata": {"name": "finished"}, "spec": {"entrypoint": "x"}}),
+    )
+    .unwrap();
+    wfs.create(&PostParams::default(), &done).await.unwrap();
+    wfs.patch_status(
+        "finished",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+    )
+    .await
+    .unwrap();
+    let by_name = testkit::start_sink::<ArgoWorkflowConfig>("stop-named", json!({"kubeconfig": kc(), "namespace": ns, "operation": "stop",
+        "resource": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "finished"}}})).await;
+    let out = by_name.send(vec![Event::new("s3", "s", "t")]).await;
     assert_eq!(out.status, Status::Rejected);
     assert!(
         out.reason

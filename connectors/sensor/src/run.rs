@@ -145,6 +145,11 @@ fn compile_trigger(
             .enumerate()
             .map(|(pi, p)| {
                 let pw = format!("{what}.{key}.{pi}");
+                if p.src.dependency_name.is_empty() {
+                    return Err(format!(
+                        "{pw}.src.dependencyName: required (the dependency whose event it reads)"
+                    ));
+                }
                 let d = dep_index(&p.src.dependency_name).ok_or_else(|| {
                     format!(
                         "{pw}.src.dependencyName: `{}` is not a dependency of this sensor",
