@@ -193,7 +193,7 @@ impl ArgoWorkflowConfig {
 
 impl ArgoWorkflowConfig {
     /// Whether `submit-from` reads a CronWorkflow (the kind known without an event).
-    fn from_cron(&self) -> bool {
+    fn submits_from_cron(&self) -> bool {
         matches!(&self.resource, Some(r) if r.get("kind").and_then(Value::as_str) == Some("CronWorkflow"))
     }
 }
@@ -216,7 +216,7 @@ impl SinkConfig for ArgoWorkflowConfig {
             let needed = needed(
                 self.operation,
                 self.selector.is_some(),
-                self.from_cron(),
+                self.submits_from_cron(),
                 &namespace,
             );
             Ok(perms.preflight(&client, &needed).await)
@@ -250,7 +250,7 @@ impl SinkConfig for ArgoWorkflowConfig {
                 selector: self.selector.clone(),
                 server: self.argo_server.clone(),
             });
-            let needed = needed(wf.op, wf.selector.is_some(), self.from_cron(), &namespace);
+            let needed = needed(wf.op, wf.selector.is_some(), self.submits_from_cron(), &namespace);
             wf.t.perms.review(&wf.t.client, &needed).await;
             tracing::info!(sink = %ctx.name, operation = ?self.operation, %namespace,
                 missing_permissions = wf.t.perms.missing().len(), "argo-workflow: ready");
