@@ -13,7 +13,8 @@
 # The API server and etcd are the bound of every create (a create costs them far more CPU than
 # either client); the figure that is Sluice's own is its CPU per create next to the raw loop's.
 #
-#   benches/k8s.sh        # CONCURRENCY=16 COUNT=3000 DURATION=8 FILL=10000 ROUNDS=3
+#   benches/k8s.sh        # CONCURRENCY=16 COUNT=3000 DURATION=8 FILL=10000 ROUNDS=3 PARTS="A B"
+#   PARTS=B FILL=100000 ROUNDS=1 benches/k8s.sh     # the source's memory with 100 000 objects
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/lib.sh
@@ -22,6 +23,7 @@ COUNT=${COUNT:-3000}
 DURATION=${DURATION:-8}
 FILL=${FILL:-10000}
 ROUNDS=${ROUNDS:-3}
+PARTS=${PARTS:-A B}
 PORT=18091
 ADMIN=17793
 
@@ -36,9 +38,9 @@ API_PID=$(cat "$ENVTEST_RUN/apiserver.pid"); ETCD_PID=$(cat "$ENVTEST_RUN/etcd.p
 server_cpu() { python3 -c "print('%.2f' % ($(cpu_of "$API_PID") + $(cpu_of "$ETCD_PID")))"; }
 make_load "$work" 1
 
-echo "A. create (concurrency $CONCURRENCY)"
 raw_all=""; sl_all=""
-for r in $(seq 1 "$ROUNDS"); do
+[[ " $PARTS " == *" A "* ]] && echo "A. create (concurrency $CONCURRENCY)"
+for r in $( [[ " $PARTS " == *" A "* ]] && seq 1 "$ROUNDS"); do
   # The raw loop: COUNT creates.
   s0=$(server_cpu); t0=$(date +%s.%N)
   raw=$(/usr/bin/time -f 'LOADCPU %U %S %e' -o "$work/raw.time" "$LOOP" create --kubeconfig "$KC" --namespace "raw-$r" --count "$COUNT" --concurrency "$CONCURRENCY")
@@ -78,8 +80,9 @@ YAML
   raw_all+="$raw "; sl_all+="$sl "
   echo "round $r: raw loop $raw creates/s (its CPU ${raw_per} µs per create; API server + etcd ${raw_srv} % of a core) | sluice $sl creates/s (p99 $p99, non-2xx $non; its CPU ${sl_per} µs per create; API server + etcd ${sl_srv} % of a core) | ratio $(python3 -c "print('%.2f' % ($sl/$raw))")"
 done
-paired "$raw_all" "$sl_all" "creates/s" ""
+[ -z "$raw_all" ] || paired "$raw_all" "$sl_all" "creates/s" ""
 
+[[ " $PARTS " == *" B "* ]] || exit 0
 echo "B. relist of $FILL objects"
 "$LOOP" fill --kubeconfig "$KC" --namespace relist --count "$FILL" --concurrency 32 >/dev/null
 for r in $(seq 1 "$ROUNDS"); do
