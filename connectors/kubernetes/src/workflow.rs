@@ -250,7 +250,12 @@ impl SinkConfig for ArgoWorkflowConfig {
                 selector: self.selector.clone(),
                 server: self.argo_server.clone(),
             });
-            let needed = needed(wf.op, wf.selector.is_some(), self.submits_from_cron(), &namespace);
+            let needed = needed(
+                wf.op,
+                wf.selector.is_some(),
+                self.submits_from_cron(),
+                &namespace,
+            );
             wf.t.perms.review(&wf.t.client, &needed).await;
             tracing::info!(sink = %ctx.name, operation = ?self.operation, %namespace,
                 missing_permissions = wf.t.perms.missing().len(), "argo-workflow: ready");

@@ -72,6 +72,8 @@ pub(crate) struct Trigger {
     max_keys: usize,
     ttl: Option<Duration>,
     ty: String,
+    /// The `sensor` and `trigger` extensions of a payload-built output, made once.
+    names: [(sluice_core::Str, sluice_core::ExtValue); 2],
     counters: TriggerCounters,
 }
 
@@ -268,6 +270,16 @@ fn compile_trigger(
         max_keys: tc.max_keys,
         ttl: tc.state_ttl.map(|d| d.get()),
         ty,
+        names: [
+            (
+                SENSOR_EXT.into(),
+                sluice_core::ExtValue::String(name.into()),
+            ),
+            (
+                TRIGGER_EXT.into(),
+                sluice_core::ExtValue::String(tc.name.as_str().into()),
+            ),
+        ],
         counters: {
             let c = |r: &'static str| counter!(t::SENSOR_TRIGGERS, "sensor" => name.to_owned(), "trigger" => tc.name.clone(), "result" => r);
             TriggerCounters {
@@ -537,8 +549,8 @@ impl Sensor {
             // Kubernetes trigger labels what it creates with them (Argo's
             // `events.argoproj.io/sensor` and `…/trigger`). Forwarded events stay as they came.
             for out in &mut outs {
-                out.set_extension(SENSOR_EXT.to_owned(), self.name.clone());
-                out.set_extension(TRIGGER_EXT.to_owned(), tr.name.clone());
+                // A new event: it has no extensions yet, so no name can repeat.
+                out.extensions.extend(tr.names.iter().cloned());
             }
         }
         if !tr.parameters.is_empty() {
