@@ -1016,6 +1016,16 @@ async fn fires_once_when_both_dependencies_arrived_with_the_payload_built() {
     );
     assert_eq!(item.event.ty, "sluice.sensor.submit");
     assert_eq!(item.event.source, "/sensors/rel");
+    // A built event names its sensor and trigger (the Kubernetes triggers label with them).
+    let ext = |k: &str| {
+        item.event
+            .extensions
+            .iter()
+            .find(|(n, _)| n.as_str() == k)
+            .map(|(_, v)| v.to_canonical().into_owned())
+    };
+    assert_eq!(ext("sensor").as_deref(), Some("rel"));
+    assert_eq!(ext("trigger").as_deref(), Some("submit"));
     let id = item.event.id.clone();
     item.delivery.delivered();
     assert!(fired.await.is_delivered());
