@@ -2428,3 +2428,36 @@ fn validate_kube_reports_each_permission_it_could_not_confirm() {
         .unwrap();
     assert!(out.status.success());
 }
+
+/// The `log` sink's promise, through the binary: one CloudEvent per line, also for a body sent
+/// pretty-printed (as Stripe and many senders send theirs), with the same JSON inside.
+#[tokio::test]
+async fn the_log_sink_writes_a_pretty_printed_body_on_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path(), "");
+    d.wait_ready().await;
+    let pretty = b"{\n  \"id\": \"evt_1\",\r\n  \"data\": {\n    \"amount\": 10,\n    \"memo\": \"line\\nbreak\"\n  }\n}\n";
+    let (status, body) = request(
+        d.hook,
+        "POST",
+        "/",
+        &[
+            ("content-type", "application/json"),
+            ("idempotency-key", "pretty-1"),
+        ],
+        pretty,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    // next_line fails unless the whole event is one JSON line.
+    let e = d.next_line();
+    assert_eq!(e["id"], "pretty-1");
+    assert_eq!(
+        e["data"],
+        serde_json::json!({"id": "evt_1", "data": {"amount": 10, "memo": "line\nbreak"}})
+    );
+    let (status, rest) = d.stop_collecting();
+    assert!(status.success());
+    assert!(rest.is_empty(), "nothing else on stdout: {rest:?}");
+}

@@ -45,7 +45,9 @@ pub async fn run_log<W: tokio::io::AsyncWrite + Unpin>(
         }
         buf.clear();
         for item in &items {
+            let start = buf.len();
             encode_event_into(&item.event, &mut buf);
+            one_line(&mut buf[start..]);
             buf.push(b'\n');
         }
         let written = async {
@@ -66,6 +68,19 @@ pub async fn run_log<W: tokio::io::AsyncWrite + Unpin>(
                     .for_each(|i| i.delivery.failed(reason.clone()));
             }
         }
+    }
+}
+
+/// Makes an encoded event one line: a JSON `data` embedded as it came may be pretty-printed
+/// (Stripe and many senders indent theirs), and its line breaks would split the event across
+/// lines for a log shipper or `jq`. In valid JSON a raw CR or LF can only be whitespace between
+/// tokens (inside a string it must be escaped), so each becomes a space: the same JSON, on one
+/// line. Other sinks keep the original bytes.
+fn one_line(encoded: &mut [u8]) {
+    let mut from = 0;
+    while let Some(i) = memchr::memchr2(b'\n', b'\r', &encoded[from..]) {
+        encoded[from + i] = b' ';
+        from += i + 1;
     }
 }
 
@@ -121,6 +136,28 @@ mod tests {
         let first = format::decode_event(&bytes::Bytes::from(lines[0].to_owned())).unwrap();
         assert_eq!(first.id, "1");
         assert_sink_telemetry("log-test", 2, 0);
+    }
+
+    #[tokio::test]
+    async fn a_pretty_printed_json_body_is_still_one_line() {
+        let mut rig = SinkRig::new("log");
+        let ctx = rig.context("log");
+        let (reader, writer) = tokio::io::duplex(1 << 20);
+        let task = tokio::spawn(run_log(ctx, writer));
+        let pretty = "{\n  \"amount\": 10,\r\n  \"note\": \"a\\nb\"\n}";
+        let e = Event::new("p-1", "/stripe", "com.stripe.charge").with_json(pretty);
+        assert!(rig.send(vec![e]).await.is_delivered());
+        rig.close();
+        task.await.unwrap().unwrap();
+        let mut text = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut { reader }, &mut text)
+            .await
+            .unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1, "{text:?}");
+        let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        // The same JSON: the escaped newline inside the string is kept.
+        assert_eq!(v["data"], serde_json::json!({"amount": 10, "note": "a\nb"}));
     }
 
     #[tokio::test]
