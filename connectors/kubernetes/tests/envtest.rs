@@ -143,6 +143,8 @@ async fn create_with_generate_name_is_idempotent_per_event() {
         testkit::metric("sluice_k8s_duplicate_creates_total", &[("sink", "wf")]),
         1.0
     );
+    // The standard sink telemetry: three delivered (the duplicate included), no failure.
+    testkit::assert_sink_telemetry("wf", 3, 0);
 }
 
 #[tokio::test]
@@ -485,6 +487,8 @@ async fn the_source_misses_nothing_across_a_restart() {
             ("io.k8s.workflows.updated".to_owned(), format!("{ns}/b")),
         ]
     );
+    // The standard source telemetry: 3 events in the first run, 3 in the second.
+    testkit::assert_source_telemetry("wf-watch", 6);
     // Nothing else: the unchanged objects are not emitted again.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(cap.try_next().is_none());
@@ -601,4 +605,78 @@ async fn the_object_can_come_from_a_url() {
     let out = rig.send(vec![Event::new("u2", "s", "t")]).await;
     assert_eq!(out.status, Status::Rejected, "{out:?}");
     assert!(out.reason.unwrap().contains("524288"), "the cap is named");
+}
+
+/// `oldBody: true` keeps whole objects, so an UPDATE carries the previous version; `format:
+/// argo` names the event as Argo's `resource` EventSource does.
+#[tokio::test]
+async fn old_body_and_argo_naming() {
+    let ns = ns("oldbody");
+    let c = client().await;
+    let api = workflows(&c, &ns);
+    let mut rig = SourceRig::new("argo-watch");
+    let cfg: K8sSourceConfig = serde_json::from_value(json!({"kubeconfig": kc(), "group": "argoproj.io", "version": "v1alpha1",
+        "resource": "workflows", "namespace": ns, "oldBody": true, "format": "argo", "eventTypes": ["UPDATE"],
+        "metadata": {"team": "data"}})).unwrap();
+    let task = tokio::spawn(
+        Box::new(cfg)
+            .build(rig.context("argo-watch"))
+            .await
+            .unwrap(),
+    );
+    let mut cap = rig.capture();
+    let obj: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+        "metadata": {"name": "o"}, "spec": {"entrypoint": "x", "step": 1}}),
+    )
+    .unwrap();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    // The ADD is not among eventTypes: only the change comes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    api.patch(
+        "o",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"step": 2}})),
+    )
+    .await
+    .unwrap();
+    let item = cap.next_within(Duration::from_secs(10)).await;
+    assert_eq!(item.event.ty.as_str(), "resource");
+    assert_eq!(item.event.source.as_str(), "argo-watch");
+    assert_eq!(item.event.subject.as_deref(), Some("argo-watch"));
+    let data: Value = serde_json::from_slice(item.event.data.as_bytes().unwrap()).unwrap();
+    assert_eq!(data["type"], "UPDATE");
+    assert_eq!(data["oldBody"]["spec"]["step"], 1);
+    assert_eq!(data["body"]["spec"]["step"], 2);
+    assert_eq!(data["metadata"], json!({"team": "data"}));
+    item.delivery.delivered();
+    rig.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// `liveObject: true` with `update`: the parameters apply to the live object, which is written
+/// back with the live fields the template does not name kept.
+#[tokio::test]
+async fn live_object_update_applies_parameters_to_the_live_object() {
+    let ns = ns("live");
+    let c = client().await;
+    let api = workflows(&c, &ns);
+    let obj: DynamicObject = serde_json::from_value(json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+        "metadata": {"name": "live", "labels": {"keep": "me"}}, "spec": {"entrypoint": "x", "replicas": 1}})).unwrap();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    let rig = testkit::start_sink::<K8sSinkConfig>("live", json!({"kubeconfig": kc(), "namespace": ns, "operation": "update",
+        "liveObject": true, "resource": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "live"}},
+        "parameters": [{"src": {"dataKey": "n", "useRawData": true}, "dest": "spec.replicas"}]})).await;
+    let out = rig
+        .send(vec![Event::new("l1", "s", "t").with_json(r#"{"n":5}"#)])
+        .await;
+    assert_eq!(out.status, Status::Delivered, "{out:?}");
+    let live = api.get("live").await.unwrap();
+    assert_eq!(live.data["spec"]["replicas"], 5);
+    assert_eq!(live.data["spec"]["entrypoint"], "x");
+    assert_eq!(live.metadata.labels.unwrap()["keep"], "me");
 }
