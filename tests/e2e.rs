@@ -1731,6 +1731,32 @@ async fn broker_sources_survive_kill_9() {
         .await;
 }
 
+/// Waits (up to 20 s) until the queue has no visible and no in-flight message; answers the
+/// last counts read.
+async fn queue_drained(sqs: &aws_sdk_sqs::Client, url: &str) -> String {
+    let mut left = String::new();
+    for _ in 0..200 {
+        let a = sqs
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(
+                aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            )
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap();
+        left = format!("{a:?}");
+        if a.values().all(|v| v == "0") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    left
+}
+
 /// A moto bucket whose object-created notifications go to an SQS queue: the S3 client, the
 /// SQS client and the queue's URL.
 async fn s3_bucket_notifying_queue(
@@ -1848,26 +1874,7 @@ async fn s3_upload_of_a_csv_triggers_the_http_sink_and_a_log_upload_does_not() {
     assert_eq!(ty, "com.amazonaws.s3.ObjectCreated:Put");
     // Every message settled: the .csv one deleted after delivery, the .log one and the test
     // event deleted as filtered.
-    let mut left = String::new();
-    for _ in 0..100 {
-        let a = sqs
-            .get_queue_attributes()
-            .queue_url(&url)
-            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
-            .attribute_names(
-                aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-            )
-            .send()
-            .await
-            .unwrap()
-            .attributes
-            .unwrap();
-        left = format!("{a:?}");
-        if a.values().all(|v| v == "0") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let left = queue_drained(&sqs, &url).await;
     assert!(
         !left.contains("\"1\"") && !left.contains("\"2\""),
         "queue not empty: {left}"
@@ -2361,24 +2368,7 @@ sinks:
     d.wait_ready().await;
     notify().await.unwrap();
     // Settled (deleted from the queue) and still one Workflow for the key.
-    for _ in 0..200 {
-        let a = sqs
-            .get_queue_attributes()
-            .queue_url(&queue_url)
-            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
-            .attribute_names(
-                aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-            )
-            .send()
-            .await
-            .unwrap()
-            .attributes
-            .unwrap();
-        if a.values().all(|v| v == "0") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    queue_drained(&sqs, &queue_url).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         keys().await,

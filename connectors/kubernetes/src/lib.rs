@@ -73,6 +73,70 @@ macro_rules! kube_options {
 }
 pub(crate) use kube_options;
 
+/// Declares a trigger sink's options: the connection options, the object (one of `resource`,
+/// `inline`, `file`, `url`, `configmap`) with Argo's `parameters`, and the delivery options
+/// every Kubernetes trigger takes (`namespace`, `concurrency`, `retries`, `timeout`).
+macro_rules! trigger_options {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[$fmeta:meta])* pub $field:ident : $ty:ty ),* $(,)?
+        }
+    ) => {
+        $crate::kube_options! {
+            $(#[$meta])*
+            pub struct $name {
+                /// The object, inline.
+                #[serde(default)]
+                pub resource: Option<serde_json::Value>,
+                /// The object as YAML or JSON text.
+                #[serde(default)]
+                pub inline: Option<String>,
+                /// The object from a YAML or JSON file, read for each event.
+                #[serde(default)]
+                pub file: Option<std::path::PathBuf>,
+                /// The object from a URL, fetched for each event (200 only, at most 512 KiB).
+                #[serde(default)]
+                pub url: Option<$crate::object::UrlSource>,
+                /// The object from a ConfigMap key, read through the API for each event.
+                #[serde(default)]
+                pub configmap: Option<$crate::object::ConfigMapSource>,
+                /// Argo's parameters: values of the event written into the object.
+                #[serde(default)]
+                pub parameters: Vec<sluice_core::params::ParamConfig>,
+                /// The namespace of objects that name none. Default: the kubeconfig context's,
+                /// or the pod's own.
+                #[serde(default)]
+                pub namespace: Option<String>,
+                /// Events in flight at once. Default 16.
+                #[serde(default = "crate::sink::sixteen")]
+                pub concurrency: usize,
+                /// Retries of an API call answered 429, 5xx or not at all. Default 5.
+                #[serde(default = "crate::sink::five")]
+                pub retries: u32,
+                /// One API call. Default 30s.
+                #[serde(default = "crate::sink::thirty_seconds")]
+                pub timeout: sluice_core::units::HumanDuration,
+                $( $(#[$fmeta])* pub $field : $ty ),*
+            }
+        }
+
+        impl $name {
+            /// The object's origin (exactly one given).
+            pub(crate) fn origin(&self) -> Result<$crate::object::Origin, String> {
+                $crate::object::Origin::pick(
+                    &self.resource,
+                    &self.inline,
+                    &self.file,
+                    &self.url,
+                    &self.configmap,
+                )
+            }
+        }
+    };
+}
+pub(crate) use trigger_options;
+
 /// How a component reaches the API server.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Connection {

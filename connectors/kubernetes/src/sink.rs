@@ -7,7 +7,6 @@
 //! server's message; 401/403 rejected and the missing permission named on `/readyz`; 429, 5xx
 //! and no answer retried with backoff (the server's `retryAfterSeconds` honoured), then failed.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +15,6 @@ use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde::Deserialize;
 use serde_json::Value;
-use sluice_core::params::ParamConfig;
 use sluice_core::pipeline::serve_each;
 use sluice_core::telemetry::K8S_DUPLICATE_CREATES;
 use sluice_core::units::HumanDuration;
@@ -24,8 +22,8 @@ use sluice_core::{BoxFuture, ConnectorError, Event, Running, SinkConfig, SinkCon
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{self, count, Kinds, KubeError, Permission, Permissions, Verdict};
-use crate::kube_options;
-use crate::object::{self, ConfigMapSource, Origin, Params, UrlSource};
+use crate::object::{self, Origin, Params};
+use crate::trigger_options;
 
 /// What the trigger does with the object.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -143,30 +141,12 @@ impl Backoff {
     }
 }
 
-kube_options! {
+trigger_options! {
     /// `kind: k8s` sink options.
     pub struct K8sSinkConfig {
         /// `create` (default), `update`, `patch`, `apply` or `delete`.
         #[serde(default)]
         pub operation: Operation,
-        /// The object, inline.
-        #[serde(default)]
-        pub resource: Option<Value>,
-        /// The object as YAML or JSON text.
-        #[serde(default)]
-        pub inline: Option<String>,
-        /// The object from a YAML or JSON file, read for each event.
-        #[serde(default)]
-        pub file: Option<PathBuf>,
-        /// The object from a URL, fetched for each event (200 only, at most 512 KiB).
-        #[serde(default)]
-        pub url: Option<UrlSource>,
-        /// The object from a ConfigMap key, read through the API for each event.
-        #[serde(default)]
-        pub configmap: Option<ConfigMapSource>,
-        /// Argo's parameters: values of the event written into the object.
-        #[serde(default)]
-        pub parameters: Vec<ParamConfig>,
         /// For `patch`: the Content-Type. Default `application/merge-patch+json`.
         #[serde(default, rename = "patchStrategy")]
         pub patch_strategy: PatchStrategy,
@@ -176,25 +156,12 @@ kube_options! {
         /// For a JSON patch: the object it applies to.
         #[serde(default)]
         pub target: Option<PatchTarget>,
-        /// The namespace of objects that name none. Default: the kubeconfig context's, or the
-        /// pod's own.
-        #[serde(default)]
-        pub namespace: Option<String>,
         /// For `apply`: take fields other managers own (`force=true`).
         #[serde(default)]
         pub force: bool,
         /// Wait after the operation until the object's labels match.
         #[serde(default)]
         pub policy: Option<PolicyConfig>,
-        /// Events in flight at once. Default 16.
-        #[serde(default = "sixteen")]
-        pub concurrency: usize,
-        /// Retries of an API call answered 429, 5xx or not at all. Default 5.
-        #[serde(default = "five")]
-        pub retries: u32,
-        /// One API call. Default 30s.
-        #[serde(default = "thirty_seconds")]
-        pub timeout: HumanDuration,
     }
 }
 
@@ -226,16 +193,6 @@ pub(crate) async fn connect_trigger(
 }
 
 impl K8sSinkConfig {
-    fn origin(&self) -> Result<Origin, String> {
-        Origin::pick(
-            &self.resource,
-            &self.inline,
-            &self.file,
-            &self.url,
-            &self.configmap,
-        )
-    }
-
     fn check(&self) -> Result<(Origin, Params), String> {
         self.connection().check()?;
         let origin = self.origin()?;

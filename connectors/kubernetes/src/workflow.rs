@@ -15,15 +15,13 @@ use std::sync::Arc;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sluice_core::params::ParamConfig;
 use sluice_core::pipeline::serve_each;
-use sluice_core::units::HumanDuration;
 use sluice_core::{BoxFuture, ConnectorError, Event, Running, SinkConfig, SinkContext, SinkItem};
 
 use crate::client::{self, Permission};
-use crate::kube_options;
-use crate::object::{self, ConfigMapSource, Origin, Params, UrlSource};
+use crate::object::{self, Origin, Params};
 use crate::sink::{Common, Done, Failure, Trigger};
+use crate::trigger_options;
 
 /// What the trigger does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -79,54 +77,25 @@ fn yes() -> bool {
     true
 }
 
-kube_options! {
+trigger_options! {
     /// `kind: argo-workflow` sink options.
     pub struct ArgoWorkflowConfig {
         /// `submit` (default), `submit-from`, `suspend`, `stop`, `terminate`, `resume`,
         /// `retry` or `resubmit`.
         #[serde(default)]
         pub operation: WfOperation,
-        /// The Workflow (`submit`); the template or CronWorkflow (`submit-from`); a Workflow
-        /// naming the one to act on (the others).
-        #[serde(default)]
-        pub resource: Option<Value>,
-        #[serde(default)]
-        pub inline: Option<String>,
-        #[serde(default)]
-        pub file: Option<std::path::PathBuf>,
-        #[serde(default)]
-        pub url: Option<UrlSource>,
-        #[serde(default)]
-        pub configmap: Option<ConfigMapSource>,
-        /// Argo's parameters, applied to that document with the event.
-        #[serde(default)]
-        pub parameters: Vec<ParamConfig>,
         /// For the operations on existing Workflows: act on every Workflow these labels select
         /// (`key=value,…`) instead of one by name.
         #[serde(default)]
         pub selector: Option<String>,
-        /// Default: the kubeconfig context's namespace, or the pod's own.
-        #[serde(default)]
-        pub namespace: Option<String>,
         /// Needed by `resume`, `retry` and `resubmit`.
         #[serde(default)]
         pub argo_server: Option<ArgoServer>,
-        /// Events in flight at once. Default 16.
-        #[serde(default = "sixteen")]
-        pub concurrency: usize,
-        /// Retries of an API call answered 429, 5xx or not at all. Default 5.
-        #[serde(default = "five")]
-        pub retries: u32,
-        /// One API call. Default 30s.
-        #[serde(default = "thirty_seconds")]
-        pub timeout: HumanDuration,
         /// Argo's `args` for the CLI: not used (there is no CLI); accepted so manifests load.
         #[serde(default)]
         pub args: Vec<String>,
     }
 }
-
-use crate::sink::{five, sixteen, thirty_seconds};
 
 const ARGO_API: &str = "argoproj.io/v1alpha1";
 
@@ -139,13 +108,7 @@ impl ArgoWorkflowConfig {
                 self.operation.verb()
             ));
         }
-        let origin = Origin::pick(
-            &self.resource,
-            &self.inline,
-            &self.file,
-            &self.url,
-            &self.configmap,
-        )?;
+        let origin = self.origin()?;
         let params = Params::compile(&self.parameters)?;
         if let Origin::Inline(obj) = &origin {
             let id = object::ident(obj).map_err(|e| format!("resource: {e}"))?;
