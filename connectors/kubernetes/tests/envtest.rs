@@ -384,6 +384,21 @@ async fn argo_workflow_submit_from_template_and_stop() {
     );
 }
 
+/// The next `n` events' (type, subject), sorted, each delivered.
+async fn take_sorted(cap: &mut testkit::Capture, n: usize) -> Vec<(String, String)> {
+    let mut seen = Vec::new();
+    for _ in 0..n {
+        let item = cap.next_within(Duration::from_secs(10)).await;
+        seen.push((
+            item.event.ty.to_string(),
+            item.event.subject.clone().unwrap().to_string(),
+        ));
+        item.delivery.delivered();
+    }
+    seen.sort();
+    seen
+}
+
 /// The `k8s` source: a relist of what it knew (ADD for new objects only), live changes, and
 /// after a restart UPDATE for what changed while it was down and DELETE for what went.
 #[tokio::test]
@@ -418,18 +433,8 @@ async fn the_source_misses_nothing_across_a_restart() {
         }
     };
     let (rig, mut cap, task) = run(state.clone()).await;
-    let mut seen = Vec::new();
-    for _ in 0..2 {
-        let item = cap.next_within(Duration::from_secs(10)).await;
-        seen.push((
-            item.event.ty.to_string(),
-            item.event.subject.clone().unwrap().to_string(),
-        ));
-        item.delivery.delivered();
-    }
-    seen.sort();
     assert_eq!(
-        seen,
+        take_sorted(&mut cap, 2).await,
         [
             ("io.k8s.workflows.added".to_owned(), format!("{ns}/a")),
             ("io.k8s.workflows.added".to_owned(), format!("{ns}/b"))
@@ -469,18 +474,8 @@ async fn the_source_misses_nothing_across_a_restart() {
     api.create(&PostParams::default(), &mk("c")).await.unwrap();
 
     let (rig, mut cap, task) = run(state.clone()).await;
-    let mut seen = Vec::new();
-    for _ in 0..3 {
-        let item = cap.next_within(Duration::from_secs(10)).await;
-        seen.push((
-            item.event.ty.to_string(),
-            item.event.subject.clone().unwrap().to_string(),
-        ));
-        item.delivery.delivered();
-    }
-    seen.sort();
     assert_eq!(
-        seen,
+        take_sorted(&mut cap, 3).await,
         [
             ("io.k8s.workflows.added".to_owned(), format!("{ns}/c")),
             ("io.k8s.workflows.deleted".to_owned(), format!("{ns}/a")),
