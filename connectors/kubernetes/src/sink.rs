@@ -689,8 +689,9 @@ impl Trigger {
                             // Contention, not a refusal of the object: the sender retries.
                             let mut err = f.err;
                             err.message = format!(
-                                "{} (409 Conflict {conflicts} times in a row)",
-                                err.message
+                                "{} (409 Conflict {} times in a row)",
+                                err.message,
+                                conflicts + 1
                             );
                             err.code = None;
                             return Err(Failure::api(f.verb, f.kind, f.ns, err));
@@ -776,12 +777,22 @@ impl Trigger {
         object::add_labels(&mut obj, &object::argo_labels(event));
         let dobj = to_dynamic(obj)?;
         let pp = PostParams::default();
+        // Tries of this create: an AlreadyExists after a try that got no answer is most likely
+        // that try's object.
+        let tries = std::sync::atomic::AtomicU32::new(0);
         match self
-            .call("create", Some(k), nsr, || api.create(&pp, &dobj))
+            .call("create", Some(k), nsr, || {
+                tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                api.create(&pp, &dobj)
+            })
             .await
         {
             Ok(_) => Ok(Done::Applied(name)),
-            Err(Failure::Api(f)) if derived && f.err.is(409) && f.err.reason == "AlreadyExists" => {
+            Err(Failure::Api(f))
+                if (derived || tries.load(std::sync::atomic::Ordering::Relaxed) > 1)
+                    && f.err.is(409)
+                    && f.err.reason == "AlreadyExists" =>
+            {
                 self.duplicates.increment(1);
                 Ok(Done::Duplicate(name))
             }
@@ -845,6 +856,8 @@ impl Trigger {
         policy: &PolicyConfig,
     ) -> Result<(), Failure> {
         let api = k.api(&self.client, ns);
+        // The namespace of its permissions: none for a cluster-scoped kind.
+        let nsr = k.namespaced.then_some(ns);
         let cfg =
             kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
         let matches = |o: &DynamicObject| {
@@ -871,15 +884,38 @@ impl Trigger {
                             "policy: {name} was deleted before its labels matched"
                         )))
                     }
+                    Ok(WatchEvent::InitDone) => {
+                        // The list worked: a 403 that marked these missing is over.
+                        for verb in ["list", "watch"] {
+                            self.perms.used(|| Permission {
+                                verb: verb.to_owned(),
+                                group: k.resource.group.clone(),
+                                resource: k.resource.plural.clone(),
+                                namespace: nsr.map(str::to_owned),
+                            });
+                        }
+                    }
                     Ok(_) => {}
-                    Err(WatchError::InitialListFailed(e) | WatchError::WatchStartFailed(e)) => {
+                    Err(WatchError::InitialListFailed(e)) => {
                         let err = KubeError::of(&e);
                         if err.verdict() == Verdict::Forbidden {
                             // The policy needs list and watch: said like any missing verb.
                             return Err(Failure::api(
+                                "list",
+                                Some(k.clone()),
+                                nsr.map(str::to_owned),
+                                err,
+                            ));
+                        }
+                        tracing::debug!(sink = %self.name, error = %err, "k8s: policy watch error (retried)");
+                    }
+                    Err(WatchError::WatchStartFailed(e)) => {
+                        let err = KubeError::of(&e);
+                        if err.verdict() == Verdict::Forbidden {
+                            return Err(Failure::api(
                                 "watch",
                                 Some(k.clone()),
-                                Some(ns.to_owned()),
+                                nsr.map(str::to_owned),
                                 err,
                             ));
                         }
@@ -895,7 +931,7 @@ impl Trigger {
         let watched = tokio::select! {
             r = tokio::time::timeout(wait, watching) => r,
             _ = self.grace_over.cancelled() => {
-                return Err(Failure::api("watch", Some(k.clone()), Some(ns.to_owned()), KubeError {
+                return Err(Failure::api("watch", Some(k.clone()), nsr.map(str::to_owned), KubeError {
                     code: None,
                     reason: String::new(),
                     message: format!("policy: the shutdown grace ended while waiting for the labels of {name}"),
@@ -966,7 +1002,7 @@ impl Trigger {
                         delivery.rejected(why)
                     }
                     Verdict::Retry => {
-                        let why = format!("{verb}: {err} (after {} retries)", self.retries);
+                        let why = format!("{verb}: {err}");
                         tracing::warn!(sink = %self.name, id = %item_id, reason = %why, "k8s: failed");
                         delivery.failed(why)
                     }

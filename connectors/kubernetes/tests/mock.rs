@@ -60,6 +60,12 @@ async fn serve(
                             "metadata": {"name": "templates", "namespace": "argo"},
                             "data": {"wf.yaml": "apiVersion: argoproj.io/v1alpha1\nkind: Workflow\nmetadata:\n  generateName: from-cm-\nspec:\n  entrypoint: x\n"}}),
                         ),
+                        ("GET", "/apis/argoproj.io/v1alpha1/namespaces/argo/workflows") => (
+                            403,
+                            json!({"kind": "Status",
+                            "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+                            "message": "workflows.argoproj.io is forbidden: User \"sluice\" cannot list resource \"workflows\""}),
+                        ),
                         ("POST", "/apis/argoproj.io/v1alpha1/namespaces/argo/workflows") => {
                             let n = c.fetch_add(1, Ordering::SeqCst);
                             match creates {
@@ -272,4 +278,30 @@ async fn resume_goes_to_the_argo_server() {
     let out = rig.send(vec![Event::new("r2", "s", "t")]).await;
     assert_eq!(out.status, Status::Rejected);
     assert!(out.reason.unwrap().contains("not found"));
+}
+
+/// A policy needs list and watch on the kind: a 403 on its list rejects the event with `list`
+/// named, and shows it on readiness.
+#[tokio::test]
+async fn a_policy_without_list_permission_is_named() {
+    let (kc, calls, _dir) = serve(Creates::ThrottledThenCreated(0), true).await;
+    let rig = testkit::start_sink::<K8sSinkConfig>(
+        "policy-rbac",
+        json!({"kubeconfig": kc, "resource": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+            "metadata": {"name": "w"}, "spec": {"entrypoint": "x"}},
+            "policy": {"labels": {"done": "true"}, "backoff": {"duration": "1s", "steps": 3}}}),
+    )
+    .await;
+    let out = rig.send(vec![Event::new("p1", "s", "t")]).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "created first");
+    assert_eq!(out.status, Status::Rejected, "{out:?}");
+    let reason = out.reason.unwrap();
+    assert!(
+        reason.contains("missing permission: list argoproj.io/workflows in namespace argo"),
+        "{reason}"
+    );
+    assert_eq!(
+        rig.health.problems(),
+        ["missing permission: list argoproj.io/workflows in namespace argo (grant it to the identity Sluice runs as)"]
+    );
 }
