@@ -275,6 +275,8 @@ pub struct Permissions {
     component: Arc<str>,
     health: Health,
     missing: Arc<Mutex<std::collections::BTreeSet<Permission>>>,
+    /// How many are missing, read without the lock by [`Permissions::used`] on every call.
+    missing_count: Arc<std::sync::atomic::AtomicUsize>,
     gauge: metrics::Gauge,
 }
 
@@ -284,6 +286,7 @@ impl Permissions {
             component: component.into(),
             health,
             missing: Default::default(),
+            missing_count: Default::default(),
             gauge: metrics::gauge!(K8S_PERMISSIONS_MISSING, "component" => component.to_owned()),
         }
     }
@@ -362,6 +365,8 @@ impl Permissions {
                 "kubernetes: permission missing; grant it in the Role (or ClusterRole) of the identity Sluice runs as");
         }
         self.gauge.set(m.len() as f64);
+        self.missing_count
+            .store(m.len(), std::sync::atomic::Ordering::Relaxed);
         self.health.problem(
             format!("rbac {p}"),
             format!("missing permission: {p} (grant it to the identity Sluice runs as)"),
@@ -371,12 +376,11 @@ impl Permissions {
     /// A call of `p` succeeded: clears it if it was marked missing (a Role fixed while Sluice
     /// runs turns `/readyz` green again). Cheap when nothing is missing.
     pub fn used(&self, p: impl FnOnce() -> Permission) {
-        let empty = self
-            .missing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty();
-        if !empty {
+        if self
+            .missing_count
+            .load(std::sync::atomic::Ordering::Relaxed)
+            != 0
+        {
             self.granted(&p());
         }
     }
@@ -385,6 +389,8 @@ impl Permissions {
         let mut m = self.missing.lock().unwrap_or_else(|e| e.into_inner());
         m.remove(p);
         self.gauge.set(m.len() as f64);
+        self.missing_count
+            .store(m.len(), std::sync::atomic::Ordering::Relaxed);
         self.health.clear(&format!("rbac {p}"));
     }
 

@@ -114,22 +114,36 @@ pub fn parse_document(bytes: &[u8], what: &str) -> Result<Value, String> {
     }
 }
 
-/// Reads a `url` artifact: 200 only, at most [`MAX_URL_BYTES`], TLS verified unless
-/// `verifyCert: false`.
-pub async fn fetch_url(u: &UrlSource, timeout: Duration) -> Result<Value, String> {
-    use http_body_util::{BodyExt, Empty, Limited};
-    let uri: http::Uri = u.path.parse().map_err(|e| format!("url {}: {e}", u.path))?;
-    let tls = tls_config(u.verify_cert);
+/// An HTTP(S) client on the workspace's rustls (made once per component: loading the system's
+/// roots and the TLS configuration is not per-request work).
+pub type HttpClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// A client that verifies servers' certificates against the system's roots, or (`verify:
+/// false`, Argo's `verifyCert: false`) does not.
+pub fn http_client(verify: bool) -> HttpClient {
     let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
+        .with_tls_config(tls_config(verify))
         .https_or_http()
         .enable_http1()
         .build();
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build::<_, Empty<bytes::Bytes>>(https);
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(https)
+}
+
+/// Reads a `url` artifact: 200 only, at most [`MAX_URL_BYTES`], TLS verified unless
+/// `verifyCert: false` (the `client` was made so).
+pub async fn fetch_url(
+    client: &HttpClient,
+    u: &UrlSource,
+    timeout: Duration,
+) -> Result<Value, String> {
+    use http_body_util::{BodyExt, Full, Limited};
+    let uri: http::Uri = u.path.parse().map_err(|e| format!("url {}: {e}", u.path))?;
     let req = http::Request::get(uri)
         .header("user-agent", "sluice")
-        .body(Empty::new())
+        .body(Full::default())
         .map_err(|e| format!("url {}: {e}", u.path))?;
     let resp = tokio::time::timeout(timeout, client.request(req))
         .await
@@ -153,7 +167,7 @@ pub async fn fetch_url(u: &UrlSource, timeout: Duration) -> Result<Value, String
     parse_document(&body, &format!("url {}", u.path))
 }
 
-pub(crate) fn tls_config(verify: bool) -> rustls::ClientConfig {
+fn tls_config(verify: bool) -> rustls::ClientConfig {
     let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -302,6 +302,7 @@ impl K8sSinkConfig {
             perms,
             grace_over,
             duplicates: metrics::counter!(K8S_DUPLICATE_CREATES, "sink" => name.to_owned()),
+            url_client: std::sync::OnceLock::new(),
         }
     }
 }
@@ -392,6 +393,8 @@ pub(crate) struct Trigger {
     pub perms: Permissions,
     pub grace_over: CancellationToken,
     duplicates: metrics::Counter,
+    /// The `url` origin's client, made at its first use.
+    url_client: std::sync::OnceLock<object::HttpClient>,
 }
 
 /// What one event did.
@@ -457,6 +460,7 @@ impl Trigger {
     pub(crate) fn creating(c: Common) -> Trigger {
         Trigger {
             duplicates: metrics::counter!(K8S_DUPLICATE_CREATES, "sink" => c.name.clone()),
+            url_client: std::sync::OnceLock::new(),
             client: c.client,
             kinds: Kinds::default(),
             origin: c.origin,
@@ -522,9 +526,14 @@ impl Trigger {
                 object::parse_document(&bytes, &format!("file {}", path.display()))
                     .map_err(Failure::Bad)
             }
-            Origin::Url(u) => object::fetch_url(u, self.timeout)
-                .await
-                .map_err(Failure::Bad),
+            Origin::Url(u) => object::fetch_url(
+                self.url_client
+                    .get_or_init(|| object::http_client(u.verify_cert)),
+                u,
+                self.timeout,
+            )
+            .await
+            .map_err(Failure::Bad),
             Origin::ConfigMap(c) => {
                 use k8s_openapi::api::core::v1::ConfigMap;
                 let ns = c

@@ -384,6 +384,22 @@ struct Watch {
     needed: Vec<Permission>,
 }
 
+/// Argo's `ResourceEventData`: `{type, body, oldBody, group, version, resource, metadata}`
+/// (`metadata` left out when empty).
+#[derive(Serialize)]
+struct Payload<'a> {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    body: &'a Value,
+    #[serde(rename = "oldBody")]
+    old_body: Option<&'a Value>,
+    group: &'a str,
+    version: &'a str,
+    resource: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a BTreeMap<String, String>>,
+}
+
 /// A change on its way: resolves to the state to record once it is settled (`None`: not
 /// delivered before the source stopped; nothing is recorded).
 type Settling =
@@ -636,17 +652,16 @@ impl Watch {
                 }
             }
         }
-        let mut data = json!({
-            "type": c.ty.argo(),
-            "body": &*c.body,
-            "oldBody": c.old.as_deref(),
-            "group": self.cfg.group,
-            "version": self.cfg.version,
-            "resource": self.cfg.resource,
-        });
-        if !self.cfg.metadata.is_empty() {
-            data["metadata"] = json!(self.cfg.metadata);
-        }
+        // Serialized from references: the object is written once, not copied into a tree first.
+        let data = Payload {
+            ty: c.ty.argo(),
+            body: &c.body,
+            old_body: c.old.as_deref(),
+            group: &self.cfg.group,
+            version: &self.cfg.version,
+            resource: &self.cfg.resource,
+            metadata: (!self.cfg.metadata.is_empty()).then_some(&self.cfg.metadata),
+        };
         let (ty, subject) = match self.cfg.format {
             Format::Native => (
                 format!("io.k8s.{}.{}", self.cfg.resource, c.ty.native()),

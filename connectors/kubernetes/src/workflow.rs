@@ -209,6 +209,7 @@ impl SinkConfig for ArgoWorkflowConfig {
             });
             let wf = Arc::new(Wf {
                 t: trigger,
+                server_client: std::sync::OnceLock::new(),
                 op: self.operation,
                 selector: self.selector.clone(),
                 server: self.argo_server.clone(),
@@ -236,6 +237,8 @@ impl SinkConfig for ArgoWorkflowConfig {
 
 struct Wf {
     t: Trigger,
+    /// The Argo Server's client, made at its first use.
+    server_client: std::sync::OnceLock<object::HttpClient>,
     op: WfOperation,
     selector: Option<String>,
     server: Option<ArgoServer>,
@@ -442,15 +445,9 @@ impl Wf {
             server.url.trim_end_matches('/'),
             op.verb()
         );
-        let tls = object::tls_config(server.verify_cert);
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build::<_, Full<bytes::Bytes>>(https);
+        let client = self
+            .server_client
+            .get_or_init(|| object::http_client(server.verify_cert));
         let body = json!({"name": name, "namespace": ns}).to_string();
         let mut req = http::Request::put(&url).header("content-type", "application/json");
         if let Some(t) = &server.token {
