@@ -304,13 +304,21 @@ pub fn resolve(path: Option<&Path>) -> Result<(String, String), ConfigErrors> {
 
 /// Positions of keys and values, by dotted path (`sources.hooks.listen`, `routes.0.to.1`).
 #[derive(Default)]
-struct Positions {
+pub(crate) struct Positions {
     keys: HashMap<String, Pos>,
     values: HashMap<String, Pos>,
 }
 
 impl Positions {
     fn index(text: &str) -> (Positions, Vec<(Pos, String)>) {
+        Positions::index_all(text)
+            .into_iter()
+            .next()
+            .unwrap_or_default()
+    }
+
+    /// The positions of every document of a multi-document text, in order.
+    pub(crate) fn index_all(text: &str) -> Vec<(Positions, Vec<(Pos, String)>)> {
         use saphyr_parser::{Event, Parser};
         enum Frame {
             Map {
@@ -330,9 +338,11 @@ impl Positions {
                 format!("{parent}.{seg}")
             }
         }
+        let mut docs: Vec<(Positions, Vec<(Pos, String)>)> = Vec::new();
         let mut pos = Positions::default();
         let mut dups = Vec::new();
         let mut stack: Vec<Frame> = Vec::new();
+        let mut started = false;
         // Returns the path of the node that starts now, recording its position; None for a key.
         let node_start = |stack: &mut Vec<Frame>,
                           scalar: Option<&str>,
@@ -400,15 +410,30 @@ impl Positions {
                 Event::MappingEnd | Event::SequenceEnd => {
                     stack.pop();
                 }
+                Event::DocumentStart(..) => started = true,
+                Event::DocumentEnd => {
+                    docs.push((std::mem::take(&mut pos), std::mem::take(&mut dups)));
+                    stack.clear();
+                    started = false;
+                }
                 _ => {}
             }
         }
-        (pos, dups)
+        if started || docs.is_empty() {
+            docs.push((pos, dups));
+        }
+        docs
+    }
+
+    /// Records `p` as the position of `path` (key and value).
+    pub(crate) fn set(&mut self, path: &str, p: Pos) {
+        self.keys.insert(path.to_owned(), p);
+        self.values.insert(path.to_owned(), p);
     }
 
     /// The best position for an error at `path`: the key for unknown keys, the value otherwise,
     /// falling back to the nearest parent.
-    fn find(&self, path: &[String], prefer_key: bool) -> Option<Pos> {
+    pub(crate) fn find(&self, path: &[String], prefer_key: bool) -> Option<Pos> {
         let mut segs = path.to_vec();
         loop {
             let p = segs.join(".");
@@ -429,14 +454,20 @@ impl Positions {
 pub(crate) struct Ctx<'a> {
     file: &'a str,
     pos: Positions,
+    /// Entries that came from another file (Argo manifests): `section.name` → that file and
+    /// the positions of the entry's paths in it.
+    elsewhere: HashMap<String, (String, Positions)>,
     errors: Vec<ConfigError>,
 }
 
 impl Ctx<'_> {
     fn err(&mut self, path: &[String], prefer_key: bool, msg: impl Into<String>) {
-        let pos = self.pos.find(path, prefer_key);
+        let (file, pos) = match path.get(..2).and_then(|p| self.elsewhere.get(&p.join("."))) {
+            Some((file, pos)) => (file.clone(), pos.find(path, prefer_key)),
+            None => (self.file.to_owned(), self.pos.find(path, prefer_key)),
+        };
         self.errors.push(ConfigError {
-            file: self.file.to_owned(),
+            file,
             pos,
             msg: msg.into(),
         });
@@ -585,6 +616,12 @@ pub fn substitute(s: &str) -> Result<String, String> {
 }
 
 fn resolve_token(token: &str) -> Result<String, String> {
+    if let Some(sel) = token.strip_prefix("secret:") {
+        return crate::argo::secret(sel);
+    }
+    if let Some(sel) = token.strip_prefix("secret-file:") {
+        return crate::argo::secret_file(sel);
+    }
     if let Some(path) = token.strip_prefix("file:") {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read secret file {path:?}: {e}"))?;
@@ -612,6 +649,20 @@ fn seg(s: &str) -> String {
 
 /// Parses and checks a config. Touches nothing outside the process but `${file:...}` secrets.
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
+    parse_with(file, text, Generated::default())
+}
+
+/// Entries made from other files (Argo manifests, `sluice run -f`), added to a config's
+/// `sources`, `sensors` and `sinks`, each with the file and positions its errors point into.
+#[derive(Default)]
+pub struct Generated {
+    /// `(section, name, value, file, positions)`; the positions are keyed by the entry's
+    /// native paths (`sources.<name>.listen`).
+    pub entries: Vec<(String, String, Value, String, Positions)>,
+}
+
+/// [`parse`], with `generated` entries added.
+pub fn parse_with(file: &str, text: &str, generated: Generated) -> Result<Config, ConfigErrors> {
     let one = |pos: Option<Pos>, msg: String| {
         ConfigErrors(vec![ConfigError {
             file: file.to_owned(),
@@ -649,8 +700,34 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     let mut cx = Ctx {
         file,
         pos,
+        elsewhere: HashMap::new(),
         errors: Vec::new(),
     };
+    for (section, name, value, from, positions) in generated.entries {
+        let key = format!("{section}.{name}");
+        let Value::Mapping(root_map) = &mut root else {
+            break;
+        };
+        let sec = root_map
+            .entry(Value::String(section.clone()))
+            .or_insert_with(|| Value::Mapping(Default::default()));
+        if sec.is_null() {
+            *sec = Value::Mapping(Default::default());
+        }
+        let Value::Mapping(sec) = sec else { continue };
+        if sec.contains_key(name.as_str()) {
+            cx.err(
+                &[section.clone(), name.clone()],
+                true,
+                format!(
+                    "{key}: `{name}` is declared both here and by {from}; names must be unique"
+                ),
+            );
+            continue;
+        }
+        sec.insert(Value::String(name.clone()), value);
+        cx.elsewhere.insert(key, (from, positions));
+    }
     let mut sub_errors = Vec::new();
     substitute_all(&mut root, &mut Vec::new(), &mut sub_errors);
     for (path, msg) in sub_errors {

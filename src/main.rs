@@ -3,6 +3,7 @@
 mod admin;
 #[cfg(feature = "mimalloc")]
 mod alloc;
+mod argo;
 mod config;
 mod registry;
 mod state;
@@ -40,6 +41,8 @@ enum Command {
     Run {
         #[arg(short, long)]
         config: Option<PathBuf>,
+        #[command(flatten)]
+        argo: ArgoArgs,
         /// Worker threads (default: one per core; 1 uses tokio's current-thread scheduler).
         #[arg(long, env = "SLUICE_THREADS")]
         threads: Option<usize>,
@@ -52,14 +55,33 @@ enum Command {
     Validate {
         #[arg(short, long)]
         config: Option<PathBuf>,
+        #[command(flatten)]
+        argo: ArgoArgs,
         /// Also ask the Kubernetes API server, for every kubernetes component, whether the
         /// identity it would run as has each permission it needs (SelfSubjectAccessReview);
         /// print each missing one. Talks to the cluster; starts nothing.
         #[arg(long)]
         kube: bool,
     },
+    /// Print the native config that Argo Events manifests (-f) become, with a comment for
+    /// every field that differs from Argo and why.
+    Convert {
+        #[command(flatten)]
+        argo: ArgoArgs,
+    },
     /// List the connector kinds compiled into this binary.
     Connectors,
+}
+
+#[derive(clap::Args)]
+struct ArgoArgs {
+    /// Argo Events manifests (EventSource, Sensor): a file, a directory, or `-` for stdin
+    /// (`kubectl kustomize … | sluice run -f -`). Repeatable; mixes with -c.
+    #[arg(short = 'f', long = "filename")]
+    files: Vec<PathBuf>,
+    /// Where Argo's secrets are mounted, as `<name>/<key>` files.
+    #[arg(long, env = "SLUICE_SECRETS_DIR", default_value = argo::DEFAULT_SECRETS_DIR)]
+    secrets_dir: PathBuf,
 }
 
 /// ANSI colour only for a person at a terminal: never into a file, a pipe or a log collector,
@@ -137,9 +159,32 @@ fn preflight(c: &config::Config) -> bool {
     })
 }
 
-fn load(path: Option<&std::path::Path>) -> Result<config::Config, config::ConfigErrors> {
-    let (name, text) = config::resolve(path)?;
-    config::parse(&name, &text)
+/// The config from `-c` (or its default) plus the Argo manifests of `-f`; the notes about the
+/// manifests go to `note`.
+fn load(
+    path: Option<&std::path::Path>,
+    argo_args: &ArgoArgs,
+    note: &dyn Fn(&str),
+) -> Result<config::Config, config::ConfigErrors> {
+    if argo_args.files.is_empty() {
+        let (name, text) = config::resolve(path)?;
+        return config::parse(&name, &text);
+    }
+    // Secrets are read while the config is parsed (`${secret:…}`).
+    std::env::set_var("SLUICE_SECRETS_DIR", &argo_args.secrets_dir);
+    let t = argo::translate(&argo::read(&argo_args.files)?);
+    for n in &t.notes {
+        note(&n.to_string());
+    }
+    if !t.refused.is_empty() {
+        return Err(config::ConfigErrors(t.refused));
+    }
+    // With -f alone, the manifests are the whole config (not the embedded default).
+    let (name, text) = match path {
+        Some(_) => config::resolve(path)?,
+        None => ("<argo manifests>".to_owned(), String::new()),
+    };
+    config::parse_with(&name, &text, t.generated)
 }
 
 /// Installs the SIGTERM and SIGINT handlers now (inside the runtime, before anything starts, so a
@@ -208,7 +253,30 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Command::Validate { config, kube } => match load(config.as_deref()) {
+        Command::Convert { argo: a } => {
+            if a.files.is_empty() {
+                eprintln!("sluice convert: give the Argo manifests with -f FILE|DIR|-");
+                return ExitCode::FAILURE;
+            }
+            let t = match argo::read(&a.files) {
+                Ok(inputs) => argo::translate(&inputs),
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            if !t.refused.is_empty() {
+                eprintln!("{}", config::ConfigErrors(t.refused));
+                return ExitCode::FAILURE;
+            }
+            print!("{}", t.to_native_yaml());
+            ExitCode::SUCCESS
+        }
+        Command::Validate {
+            config,
+            argo: a,
+            kube,
+        } => match load(config.as_deref(), &a, &|n| println!("note: {n}")) {
             Ok(c) => {
                 println!(
                     "{}: ok ({} sources, {} processors, {} sinks, {} routes)",
@@ -230,6 +298,7 @@ fn main() -> ExitCode {
         },
         Command::Run {
             config,
+            argo: a,
             threads,
             allow_thp,
         } => {
@@ -239,7 +308,7 @@ fn main() -> ExitCode {
             }
             // Two TLS stacks' features can both be compiled in; pick the provider explicitly.
             let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-            let cfg = match load(config.as_deref()) {
+            let cfg = match load(config.as_deref(), &a, &|n| tracing::info!("argo: {n}")) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("{e}");

@@ -117,6 +117,32 @@ pub struct Kind {
     pub(crate) parse_source: ParseSource,
     pub(crate) parse_sink: ParseSink,
     pub(crate) parse_processor: ParseProcessor,
+    /// The Argo Events types this kind runs (`sluice run -f`): EventSource types for a
+    /// source, trigger types for a sink.
+    pub argo: Vec<(&'static str, ArgoMap)>,
+}
+
+/// How one Argo type maps onto a kind's options (the connector crate's `argo` module).
+#[derive(Clone, Copy)]
+pub enum ArgoMap {
+    Source(sluice_core::argo::map::SourceMap),
+    Trigger(sluice_core::argo::map::TriggerMap),
+}
+
+impl Kind {
+    /// Declares that this source kind runs Argo's EventSource type `ty`.
+    #[allow(dead_code)]
+    fn argo_source(mut self, ty: &'static str, map: sluice_core::argo::map::SourceMap) -> Kind {
+        self.argo.push((ty, ArgoMap::Source(map)));
+        self
+    }
+
+    /// Declares that this sink kind runs Argo's trigger type `ty`.
+    #[allow(dead_code)]
+    fn argo_trigger(mut self, ty: &'static str, map: sluice_core::argo::map::TriggerMap) -> Kind {
+        self.argo.push((ty, ArgoMap::Trigger(map)));
+        self
+    }
 }
 
 fn no_source(_: Value, _: &[String], _: &mut Ctx<'_>) -> Option<Box<dyn DynSource>> {
@@ -166,6 +192,7 @@ fn source<T: SourceConfig>(name: &'static str, description: &'static str) -> Kin
         parse_source: parse_source::<T>,
         parse_sink: no_sink,
         parse_processor: no_processor,
+        argo: Vec::new(),
     }
 }
 
@@ -178,6 +205,7 @@ fn sink<T: SinkConfig>(name: &'static str, description: &'static str) -> Kind {
         parse_source: no_source,
         parse_sink: parse_sink::<T>,
         parse_processor: no_processor,
+        argo: Vec::new(),
     }
 }
 
@@ -190,6 +218,7 @@ fn processor<T: ProcessorConfig>(name: &'static str, description: &'static str) 
         parse_source: no_source,
         parse_sink: no_sink,
         parse_processor: parse_processor::<T>,
+        argo: Vec::new(),
     }
 }
 
@@ -200,27 +229,32 @@ pub fn kinds() -> Vec<Kind> {
         source::<sluice_webhook::WebhookConfig>(
             "webhook",
             "HTTP ingress: plain requests and CloudEvents (binary, structured, batched), auth, TLS, honest acks",
-        ),
+        )
+        .argo_source("webhook", sluice_webhook::argo::webhook),
         #[cfg(feature = "webhook")]
         source::<sluice_webhook::GithubConfig>(
             "github",
             "GitHub webhooks: X-Hub-Signature-256 verified, named after the CloudEvents GitHub adapter, id = X-GitHub-Delivery",
-        ),
+        )
+        .argo_source("github", sluice_webhook::argo::github),
         #[cfg(feature = "webhook")]
         source::<sluice_webhook::GitlabConfig>(
             "gitlab",
             "GitLab webhooks: X-Gitlab-Token or signing token verified, CloudEvents GitLab adapter types, id = Idempotency-Key",
-        ),
+        )
+        .argo_source("gitlab", sluice_webhook::argo::gitlab),
         #[cfg(feature = "webhook")]
         source::<sluice_webhook::BitbucketConfig>(
             "bitbucket",
             "Bitbucket Cloud webhooks: X-Hub-Signature (HMAC-SHA256) verified, type org.bitbucket.<event-key>, id = X-Request-UUID",
-        ),
+        )
+        .argo_source("bitbucket", sluice_webhook::argo::bitbucket),
         #[cfg(feature = "webhook")]
         source::<sluice_webhook::BitbucketServerConfig>(
             "bitbucket-server",
             "Bitbucket Server / Data Center webhooks: X-Hub-Signature verified, type org.bitbucket.<event-key>, id = X-Request-Id",
-        ),
+        )
+        .argo_source("bitbucketserver", sluice_webhook::argo::bitbucketserver),
         #[cfg(feature = "webhook")]
         source::<sluice_webhook::GerritConfig>(
             "gerrit",
@@ -250,7 +284,8 @@ pub fn kinds() -> Vec<Kind> {
         source::<sluice_schedule::ScheduleConfig>(
             "schedule",
             "cron and interval ticks with time zones, exclusion dates, catch-up, slot-derived ids",
-        ),
+        )
+        .argo_source("calendar", sluice_schedule::argo::calendar),
         #[cfg(feature = "nats")]
         source::<sluice_nats::JetStreamSourceConfig>(
             "jetstream",
@@ -375,12 +410,14 @@ pub fn kinds() -> Vec<Kind> {
         sink::<sluice_http::HttpSinkConfig>(
             "http",
             "HTTP trigger: CloudEvents binary/structured/batched, success codes, retries with backoff and Retry-After, mTLS",
-        ),
+        )
+        .argo_trigger("http", sluice_http::argo::http),
         #[cfg(feature = "http")]
         sink::<sluice_http::SlackSinkConfig>(
             "slack",
             "Slack trigger: chat.postMessage per event (channel and text from templates or the event's data), threads by key, delivered on ok: true",
-        ),
+        )
+        .argo_trigger("slack", sluice_http::argo::slack),
         #[cfg(feature = "email")]
         sink::<sluice_email::EmailSinkConfig>(
             "email",
@@ -397,7 +434,8 @@ pub fn kinds() -> Vec<Kind> {
             "Argo-style Sensor: dependencies with filters, conditions, parameterized triggers into sinks, retries, rate limit, dead letter; partial matches kept in state_dir",
         ),
         #[cfg(feature = "console")]
-        sink::<sluice_console::LogConfig>("log", "one structured JSON CloudEvent per line on stdout"),
+        sink::<sluice_console::LogConfig>("log", "one structured JSON CloudEvent per line on stdout")
+            .argo_trigger("log", sluice_console::argo_log),
         #[cfg(feature = "console")]
         sink::<sluice_console::NullConfig>("null", "accepts and discards every event (benchmarks)"),
     ]

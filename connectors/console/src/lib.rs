@@ -11,6 +11,19 @@ use sluice_core::{
 };
 use tokio::io::AsyncWriteExt;
 
+/// Argo Events' `log` trigger (`sluice run -f`): every event is written, so `intervalSeconds`
+/// (Argo's throttle of its log lines) is noted and not applied.
+pub fn argo_log(
+    _ctx: &mut sluice_core::argo::map::TriggerCtx<'_>,
+    f: &mut sluice_core::argo::map::Fields,
+) -> serde_json::Value {
+    f.ignore(
+        "intervalSeconds",
+        "Sluice writes every event, one line each, and throttles nothing",
+    );
+    serde_json::json!({})
+}
+
 /// Events taken from the queue per write.
 const BATCH: usize = 512;
 

@@ -5,6 +5,7 @@
 //! and jitter, honouring `Retry-After`; 410 and other refusals stop at once. What is still not
 //! delivered after the last attempt fails upstream, or goes to the sink's `dead_letter`.
 
+pub mod argo;
 pub mod client;
 pub mod retry;
 mod slack;

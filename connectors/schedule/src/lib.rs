@@ -5,6 +5,7 @@
 //! dedup window (or the bus's own) drops the repeats. Slots are emitted in order; a slot whose
 //! delivery fails is retried, never skipped silently.
 
+pub mod argo;
 mod slots;
 
 use std::collections::BTreeMap;

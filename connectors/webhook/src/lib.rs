@@ -5,6 +5,7 @@
 //! unchanged. The answer is honest: with `ack: delivered` a 200 means every routed sink
 //! confirmed the event.
 
+pub mod argo;
 mod auth;
 mod handler;
 pub mod providers;

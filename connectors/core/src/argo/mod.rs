@@ -1,5 +1,9 @@
-//! Pieces of Argo Events' event shapes that several `format: argo` sources share
-//! (`../shared/reference/argo-events.md` §2.3): the `jsonBody` rule and Go's `time.String()`.
+//! Argo Events compatibility: pieces of Argo's event shapes that several `format: argo` sources
+//! share (`../shared/reference/argo-events.md` §2.3: the `jsonBody` rule and Go's
+//! `time.String()`), and [`map`], the kit each connector uses to read its part of an Argo
+//! manifest (`sluice run -f`).
+
+pub mod map;
 
 use base64::Engine;
 use chrono::{DateTime, Utc};

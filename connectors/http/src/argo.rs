@@ -1,0 +1,143 @@
+//! Argo Events' `http` and `slack` triggers onto these sinks (`sluice run -f`).
+
+use serde_json::{json, Map, Value};
+use sluice_core::argo::map::{Fields, TriggerCtx};
+
+/// Argo's TLS block (`caCertSecret`, `clientCertSecret`, `clientKeySecret`) as files.
+fn tls(f: &mut Fields, out: &mut Map<String, Value>) {
+    let Some(mut t) = f.obj("tls") else { return };
+    let mut m = Map::new();
+    if let Some(ca) = t.secret_file("caCertSecret") {
+        m.insert("ca".into(), json!(ca));
+    }
+    if let Some(c) = t.secret_file("clientCertSecret") {
+        m.insert("cert".into(), json!(c));
+    }
+    if let Some(k) = t.secret_file("clientKeySecret") {
+        m.insert("key".into(), json!(k));
+    }
+    t.refuse(
+        "insecureSkipVerify",
+        "Sluice always verifies the server's certificate: trust its CA with `caCertSecret`",
+    );
+    out.insert("tls".into(), Value::Object(m));
+}
+
+/// Argo's `http` trigger: `url`, `method`, `payload` (the body), `headers`, `secureHeaders`,
+/// `timeout`, `tls`.
+pub fn http(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
+    let mut out = Map::new();
+    match f.str("url") {
+        Some(u) => {
+            out.insert("url".into(), json!(u));
+        }
+        None => f.refuse_here("`url` is required"),
+    }
+    if let Some(m) = f.str("method") {
+        out.insert("method".into(), json!(m.to_uppercase()));
+    }
+    if let Some(p) = f.list("payload") {
+        ctx.payload = Some(p);
+    } else {
+        f.note(
+            "payload",
+            "without a payload Sluice sends each event's data (Argo sends an empty body)",
+        );
+    }
+    let mut headers = Map::new();
+    if let Some(mut h) = f.obj("headers") {
+        for k in h.keys() {
+            if let Some(v) = h.str(&k) {
+                headers.insert(k, json!(v));
+            }
+        }
+    }
+    if let Some(list) = f.list("secureHeaders") {
+        for (i, h) in list.into_iter().enumerate() {
+            let mut hf = Fields::new(
+                [f.path_of("secureHeaders"), vec![i.to_string()]].concat(),
+                h,
+                f.notes(),
+            );
+            let name = hf.str("name");
+            let value = hf.obj("valueFrom").and_then(|mut v| {
+                v.refuse(
+                    "configMapKeyRef",
+                    "not supported yet: use a secret (`secretKeyRef`)",
+                );
+                v.secret("secretKeyRef")
+            });
+            match (name, value) {
+                (Some(n), Some(v)) => {
+                    headers.insert(n, json!(v));
+                }
+                _ => hf.refuse_here("a secure header needs `name` and `valueFrom.secretKeyRef`"),
+            }
+        }
+    }
+    if !headers.is_empty() {
+        out.insert("headers".into(), Value::Object(headers));
+    }
+    if let Some(t) = f.uint("timeout") {
+        out.insert("timeout".into(), json!(format!("{t}s")));
+    }
+    tls(f, &mut out);
+    f.refuse(
+        "basicAuth",
+        "not supported yet: send an `authorization` header through `secureHeaders`",
+    );
+    f.refuse(
+        "parameters",
+        "parameters that rewrite the http trigger itself (its url, method) are not supported: \
+         build the body with `payload`",
+    );
+    f.refuse("dynamicHeaders", "not supported yet");
+    Value::Object(out)
+}
+
+/// Argo's `slack` trigger: `slackToken`, `channel`, `message`, `attachments`, `blocks`,
+/// `thread`, `sender`.
+pub fn slack(_ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
+    let mut out = Map::new();
+    match f.secret("slackToken") {
+        Some(t) => {
+            out.insert("token".into(), json!(t));
+        }
+        None => f.refuse_here("`slackToken` is required"),
+    }
+    for (from, to) in [
+        ("channel", "channel"),
+        ("message", "message"),
+        ("attachments", "attachments"),
+        ("blocks", "blocks"),
+    ] {
+        if let Some(v) = f.str(from) {
+            out.insert(to.into(), json!(v));
+        }
+    }
+    if let Some(mut t) = f.obj("thread") {
+        let mut m = Map::new();
+        if let Some(k) = t.str("messageAggregationKey") {
+            m.insert("aggregation_key".into(), json!(k));
+        }
+        if let Some(b) = t.bool("broadcastMessageToChannel") {
+            m.insert("broadcast".into(), json!(b));
+        }
+        out.insert("thread".into(), Value::Object(m));
+    }
+    if let Some(mut s) = f.obj("sender") {
+        let mut m = Map::new();
+        for k in ["username", "icon"] {
+            if let Some(v) = s.str(k) {
+                m.insert(k.into(), json!(v));
+            }
+        }
+        out.insert("sender".into(), Value::Object(m));
+    }
+    f.refuse(
+        "parameters",
+        "parameters that rewrite the slack trigger are not supported yet: use templates over \
+         the event in `channel` and `message`",
+    );
+    Value::Object(out)
+}

@@ -1,0 +1,83 @@
+//! Argo's `secretKeySelector`s (`${secret:NAME/KEY}` and `${secret-file:NAME/KEY}` in the
+//! native config the manifests become), looked up in this order:
+//! 1. the file `<secrets dir>/<NAME>/<KEY>`, as Argo mounts secrets (`--secrets-dir`, env
+//!    `SLUICE_SECRETS_DIR`, default `/argo-events/secrets`);
+//! 2. the environment variable `SLUICE_SECRET_<NAME>_<KEY>` (upper case, every character
+//!    that is not a letter or digit as `_`).
+
+use std::path::PathBuf;
+
+/// The directory Argo mounts secrets under.
+pub const DEFAULT_SECRETS_DIR: &str = "/argo-events/secrets";
+
+fn dir() -> PathBuf {
+    std::env::var_os("SLUICE_SECRETS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_SECRETS_DIR))
+}
+
+fn split(sel: &str) -> Result<(&str, &str), String> {
+    sel.split_once('/')
+        .filter(|(n, k)| !n.is_empty() && !k.is_empty() && !k.contains('/') && !n.contains(".."))
+        .ok_or_else(|| format!("`{sel}` is not a secret selector NAME/KEY"))
+}
+
+/// The environment variable that may hold secret `name`'s `key`.
+pub fn env_name(name: &str, key: &str) -> String {
+    let up = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_uppercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    format!("SLUICE_SECRET_{}_{}", up(name), up(key))
+}
+
+/// The value of secret `NAME/KEY` (one trailing newline removed from a file).
+pub fn secret(sel: &str) -> Result<String, String> {
+    let (name, key) = split(sel)?;
+    let file = dir().join(name).join(key);
+    match std::fs::read_to_string(&file) {
+        Ok(text) => {
+            return Ok(text
+                .strip_suffix('\n')
+                .map_or(text.as_str(), |t| t.strip_suffix('\r').unwrap_or(t))
+                .to_owned())
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(format!(
+                "secret {name} key {key}: cannot read {}: {e}",
+                file.display()
+            ))
+        }
+        Err(_) => {}
+    }
+    let var = env_name(name, key);
+    if let Ok(v) = std::env::var(&var) {
+        return Ok(v);
+    }
+    Err(format!(
+        "secret {name} key {key} not found: looked for the file {} (set --secrets-dir) and the \
+         environment variable {var}",
+        file.display()
+    ))
+}
+
+/// The path of secret `NAME/KEY`'s file (for options that read a file: certificates, keys).
+pub fn secret_file(sel: &str) -> Result<String, String> {
+    let (name, key) = split(sel)?;
+    let file = dir().join(name).join(key);
+    if file.is_file() {
+        return Ok(file.display().to_string());
+    }
+    Err(format!(
+        "secret {name} key {key} not found: this option needs it as a file, looked for {} (set \
+         --secrets-dir)",
+        file.display()
+    ))
+}
