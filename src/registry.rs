@@ -355,7 +355,8 @@ pub fn kinds() -> Vec<Kind> {
         source::<sluice_aws::SqsSourceConfig>(
             "sqs",
             "Amazon SQS: parallel long polls, bounded in flight, visibility extended, DeleteMessageBatch after delivery, rejections to the dead-letter queue",
-        ),
+        )
+        .argo_source("sqs", sluice_aws::argo::sqs),
         #[cfg(feature = "aws")]
         sink::<sluice_aws::SqsSinkConfig>(
             "sqs",
@@ -380,7 +381,8 @@ pub fn kinds() -> Vec<Kind> {
         sink::<sluice_aws::LambdaSinkConfig>(
             "aws-lambda",
             "AWS Lambda trigger: Invoke per event, delivered when the function returned without an error (or Lambda queued it)",
-        ),
+        )
+        .argo_trigger("awsLambda", sluice_aws::argo::lambda),
         #[cfg(feature = "pubsub")]
         source::<sluice_pubsub::PubSubSourceConfig>(
             "pubsub",
@@ -395,17 +397,20 @@ pub fn kinds() -> Vec<Kind> {
         source::<sluice_kubernetes::K8sSourceConfig>(
             "k8s",
             "Kubernetes watch of any kind (Argo's resource EventSource): ADD/UPDATE/DELETE with Argo's payload, resourceVersions kept so nothing is missed across restarts",
-        ),
+        )
+        .argo_source("resource", sluice_kubernetes::argo::resource),
         #[cfg(feature = "kubernetes")]
         sink::<sluice_kubernetes::K8sSinkConfig>(
             "k8s",
             "Kubernetes trigger: create (idempotent generateName), update, patch (merge, JSON, strategic), apply, delete any kind; permissions checked at start",
-        ),
+        )
+        .argo_trigger("k8s", sluice_kubernetes::argo::k8s),
         #[cfg(feature = "kubernetes")]
         sink::<sluice_kubernetes::ArgoWorkflowConfig>(
             "argo-workflow",
             "Argo Workflows trigger, native: submit, submit-from (WorkflowTemplate, ClusterWorkflowTemplate, CronWorkflow), suspend, stop, terminate; resume, retry, resubmit through the Argo Server",
-        ),
+        )
+        .argo_trigger("argoWorkflow", sluice_kubernetes::argo::argo_workflow),
         #[cfg(feature = "http")]
         sink::<sluice_http::HttpSinkConfig>(
             "http",

@@ -28,6 +28,8 @@ struct Daemon {
     admin: SocketAddr,
     path: PathBuf,
     body: String,
+    /// More arguments for `sluice run` (`-f` manifests).
+    args: Vec<String>,
 }
 
 impl Daemon {
@@ -43,8 +45,12 @@ impl Daemon {
     /// the daemon binds them: [`Daemon::wait_ready`] starts it again on other ports when it
     /// exited for that reason. (Local for now: a better `free_port` belongs in the core test kit.)
     fn start_with(config_dir: &Path, body: &str) -> Daemon {
+        Self::start_with_args(config_dir, body, &[])
+    }
+
+    fn start_with_args(config_dir: &Path, body: &str, args: &[String]) -> Daemon {
         let path = config_dir.join("sluice.yaml");
-        let (child, lines, stderr, hook, admin) = Self::spawn(&path, body);
+        let (child, lines, stderr, hook, admin) = Self::spawn(&path, body, args);
         Daemon {
             child,
             lines,
@@ -53,6 +59,7 @@ impl Daemon {
             admin,
             path,
             body: body.to_owned(),
+            args: args.to_vec(),
         }
     }
 
@@ -60,6 +67,7 @@ impl Daemon {
     fn spawn(
         path: &Path,
         body: &str,
+        args: &[String],
     ) -> (
         Child,
         mpsc::Receiver<String>,
@@ -77,6 +85,7 @@ impl Daemon {
         let mut child = Command::new(BIN)
             .args(["run", "-c"])
             .arg(path)
+            .args(args)
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -126,7 +135,7 @@ impl Daemon {
             self.stderr_tail()
         );
         eprintln!("e2e: a port was taken by another process; starting sluice on other ports");
-        let (child, lines, stderr, hook, admin) = Self::spawn(&self.path, &self.body);
+        let (child, lines, stderr, hook, admin) = Self::spawn(&self.path, &self.body, &self.args);
         (self.child, self.lines, self.stderr, self.hook, self.admin) =
             (child, lines, stderr, hook, admin);
         true
@@ -2450,4 +2459,102 @@ async fn the_log_sink_writes_a_pretty_printed_body_on_one_line() {
     let (status, rest) = d.stop_collecting();
     assert!(status.success());
     assert!(rest.is_empty(), "nothing else on stdout: {rest:?}");
+}
+
+/// Argo Events' own examples through the binary (`sluice run -f`): the webhook EventSource with
+/// a Sensor whose http trigger builds a body from the event, and the calendar EventSource with
+/// the log Sensor, in one process with no bus.
+#[tokio::test]
+async fn argo_manifests_run_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/argo/corpus");
+    let read = |p: &str| std::fs::read_to_string(corpus.join(p)).unwrap();
+    let (target, mut got) = scripted_target(vec![("/hello", vec![200])]).await;
+    let port = free_port();
+    // The examples as Argo ships them, but for the listen port and the trigger's URL; the
+    // http-trigger Sensor's dependency is pointed at the webhook example instead of minio.
+    let es = read("event-sources/webhook.yaml").replace("\"12000\"", &format!("\"{port}\""));
+    let sensor = read("sensors/http-trigger.yaml")
+        .replace("eventSourceName: minio", "eventSourceName: webhook")
+        .replace("notification.0.s3.bucket.name", "body.bucket")
+        .replace(
+            "http://http-server.argo-events.svc:8090/hello",
+            &format!("http://127.0.0.1:{target}/hello"),
+        );
+    let files = [
+        ("webhook-es.yaml", es),
+        ("http-sensor.yaml", sensor),
+        ("calendar-es.yaml", read("event-sources/calendar.yaml")),
+        ("log-sensor.yaml", read("sensors/log.yaml")),
+    ];
+    let mut args = Vec::new();
+    for (name, text) in &files {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        args.push("-f".to_owned());
+        args.push(p.display().to_string());
+    }
+    let out = Command::new(BIN)
+        .arg("validate")
+        .args(&args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ok (") && stdout.contains("2 processors, 2 sinks"),
+        "{stdout}"
+    );
+    // Kubernetes-only fields are noted at their place in the manifest.
+    assert!(
+        stdout.contains("webhook-es.yaml:7:5: spec.service.ports"),
+        "{stdout}"
+    );
+
+    let mut d = Daemon::start_with_args(dir.path(), "", &args);
+    d.wait_ready().await;
+    let hook = SocketAddr::from(([127, 0, 0, 1], port));
+    let (status, _) = request(
+        hook,
+        "POST",
+        "/example",
+        &[("content-type", "application/json")],
+        br#"{"bucket": "uploads"}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let (path, body) = tokio::time::timeout(Duration::from_secs(10), got.recv())
+        .await
+        .expect("the http trigger ran")
+        .unwrap();
+    assert_eq!(path, "/hello");
+    // Argo's payload: `bucket` from the data (Argo's webhook shape: {header, body}), `type` from
+    // the context (the EventSource type, as Argo sets it).
+    assert_eq!(
+        body,
+        serde_json::json!({"bucket": "uploads", "type": "webhook"})
+    );
+
+    // The calendar ticks every 10 s; the log trigger writes the event Argo would have sent.
+    let line = tokio::task::spawn_blocking(move || {
+        let l = d
+            .lines
+            .recv_timeout(Duration::from_secs(25))
+            .expect("a calendar event");
+        (l, d)
+    })
+    .await
+    .unwrap();
+    let (line, d) = line;
+    let ev: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(ev["type"], "calendar");
+    assert_eq!(ev["source"], "calendar");
+    assert_eq!(ev["subject"], "example-with-interval");
+    assert!(ev["data"]["eventTime"].is_string(), "{ev}");
+    assert!(d.stop().success());
 }

@@ -406,6 +406,7 @@ pub fn translate(inputs: &[Input]) -> Translation {
                         "Sluice listens on the webhook's own `port` (no Service is made)",
                     );
                     svc.ignore("clusterIP", "no Service is made");
+                    svc.ignore("metadata", "no Service is made");
                 }
                 for ty in spec.keys() {
                     let Some((kind, map)) = source_types.get(ty.as_str()).copied() else {

@@ -134,7 +134,16 @@ pub(super) fn translate(
             .enumerate()
         {
             let path = vec![s("spec"), s("triggers"), i.to_string()];
-            if let Some(nt) = trigger(doc, path.clone(), tv, &notes, triggers, &mut out, true) {
+            if let Some(nt) = trigger(
+                doc,
+                &dep_names,
+                path.clone(),
+                tv,
+                &notes,
+                triggers,
+                &mut out,
+                true,
+            ) {
                 origins.push((vec![s("triggers"), native_triggers.len().to_string()], path));
                 native_triggers.push(nt);
             }
@@ -155,8 +164,10 @@ pub(super) fn translate(
 }
 
 /// One trigger: its native sensor trigger, with its sink added to `out`.
+#[allow(clippy::too_many_arguments)]
 fn trigger(
     doc: &Doc,
+    deps: &[String],
     path: Vec<String>,
     value: Value,
     notes: &Notes,
@@ -233,6 +244,7 @@ fn trigger(
         sensor: &doc.name,
         trigger: &name,
         namespace: doc.namespace.as_deref(),
+        dependencies: deps,
         payload: None,
         policy,
     };
@@ -262,12 +274,18 @@ fn trigger(
     for k in ["retryStrategy", "rateLimit", "atLeastOnce"] {
         if let Some(v) = f.take(k) {
             nt.insert(k.into(), v);
+        } else if let Some(v) = tpl.take(k) {
+            tpl.note(
+                k,
+                "honoured here too (Argo reads it only next to `template`, and ignores it here)",
+            );
+            nt.insert(k.into(), v);
         }
     }
     if top {
         if let Some(d) = f.take("dlqTrigger") {
             let dpath = [path.clone(), vec![s("dlqTrigger")]].concat();
-            if let Some(dt) = trigger(doc, dpath, d, notes, types, out, false) {
+            if let Some(dt) = trigger(doc, deps, dpath, d, notes, types, out, false) {
                 nt.insert("dlqTrigger".into(), dt);
             }
         }

@@ -17,6 +17,7 @@
 //! IRSA, container and instance roles); `endpoint` points at an S3-compatible store or a test
 //! server; `assume_role` assumes a role on top of the chain.
 
+pub mod argo;
 mod attrs;
 mod lambda;
 mod s3;
@@ -46,6 +47,22 @@ pub struct AssumeRole {
     pub external_id: Option<String>,
 }
 
+/// `credentials:` — a static access key, instead of the standard chain (Argo's `accessKey`,
+/// `secretKey`, `sessionToken`). Give them through `${file:…}` or `${ENV}`.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticCredentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for StaticCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StaticCredentials(***)")
+    }
+}
+
 /// The connection options every AWS connector has (flattened into each kind's options by
 /// [`aws_options!`], since serde's `flatten` cannot be combined with `deny_unknown_fields`).
 #[derive(Clone, Debug, Default)]
@@ -53,6 +70,7 @@ pub struct Connection {
     pub region: Option<String>,
     pub endpoint: Option<String>,
     pub assume_role: Option<AssumeRole>,
+    pub credentials: Option<StaticCredentials>,
 }
 
 /// Declares a kind's options struct with the AWS connection options (`region`, `endpoint`,
@@ -75,6 +93,8 @@ macro_rules! aws_options {
             pub endpoint: Option<String>,
             /// Assume this role with the credentials of the standard chain.
             pub assume_role: Option<$crate::AssumeRole>,
+            /// A static access key instead of the standard chain.
+            pub credentials: Option<$crate::StaticCredentials>,
             $( $(#[$fmeta])* pub $field : $ty ),*
         }
 
@@ -84,6 +104,7 @@ macro_rules! aws_options {
                     region: self.region.clone(),
                     endpoint: self.endpoint.clone(),
                     assume_role: self.assume_role.clone(),
+                    credentials: self.credentials.clone(),
                 }
             }
         }
@@ -110,6 +131,13 @@ impl Connection {
                 ));
             }
         }
+        if let Some(c) = &self.credentials {
+            if c.access_key_id.is_empty() || c.secret_access_key.is_empty() {
+                return Err(
+                    "credentials: access_key_id and secret_access_key must not be empty".into(),
+                );
+            }
+        }
         if let Some(a) = &self.assume_role {
             if !a.role_arn.starts_with("arn:") || !a.role_arn.contains(":role/") {
                 return Err(format!(
@@ -130,6 +158,15 @@ impl Connection {
         }
         if let Some(e) = &self.endpoint {
             loader = loader.endpoint_url(e);
+        }
+        if let Some(c) = &self.credentials {
+            loader = loader.credentials_provider(aws_sdk_sqs::config::Credentials::new(
+                &c.access_key_id,
+                &c.secret_access_key,
+                c.session_token.clone(),
+                None,
+                "sluice-config",
+            ));
         }
         let base = loader.load().await;
         let Some(a) = &self.assume_role else {
@@ -341,6 +378,7 @@ mod tests {
             region: Some("us-east-1".into()),
             endpoint: Some("http://127.0.0.1:5000".into()),
             assume_role: None,
+            credentials: None,
         };
         assert!(c.check().is_ok());
         c.endpoint = Some("127.0.0.1:5000".into());

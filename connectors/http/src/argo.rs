@@ -82,6 +82,21 @@ pub fn http(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
         out.insert("timeout".into(), json!(format!("{t}s")));
     }
     tls(f, &mut out);
+    // Argo's `policy.status.allow`: the statuses that count as success.
+    if let Some(p) = ctx.policy.take() {
+        match p.pointer("/status/allow") {
+            Some(allow) if p.as_object().is_some_and(|m| m.len() == 1) => {
+                out.insert("success_codes".into(), allow.clone());
+            }
+            _ => ctx.policy = Some(p),
+        }
+    } else {
+        f.note(
+            "url",
+            "without `policy.status.allow` Sluice counts only 2xx as success (Argo counts any \
+             answer, 5xx included)",
+        );
+    }
     f.refuse(
         "basicAuth",
         "not supported yet: send an `authorization` header through `secureHeaders`",

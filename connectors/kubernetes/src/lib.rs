@@ -10,6 +10,7 @@
 //! The reference is `../shared/reference/argo-k8s.md`; where Sluice differs from Argo, the docs
 //! pages (`docs/connectors/k8s.md`, `argo-workflow.md`) say so.
 
+pub mod argo;
 pub mod client;
 pub mod object;
 pub mod sink;

@@ -318,6 +318,8 @@ pub struct TriggerCtx<'a> {
     pub sensor: &'a str,
     pub trigger: &'a str,
     pub namespace: Option<&'a str>,
+    /// The Sensor's dependency names, in order.
+    pub dependencies: &'a [String],
     /// The sensor trigger's `payload` (Argo parameters building the output's data) the mapping
     /// asks for; `None`: the events are handed to the sink as they are.
     pub payload: Option<Vec<Value>>,
@@ -428,6 +430,7 @@ mod tests {
             sensor: "s",
             trigger: "t",
             namespace: None,
+            dependencies: &[],
             payload: None,
             policy: None,
         };
