@@ -301,6 +301,9 @@ fn stand_ins(v: &Value) -> String {
 /// with the fields and why; never a crash. Writes the table to target/argo-compat.md.
 #[test]
 fn argo_corpus_loads() {
+    // The corpus's secrets are placeholders: each one named gets a stand-in file.
+    let secrets = tempfile::tempdir().unwrap();
+    std::env::set_var("SLUICE_SECRETS_DIR", secrets.path());
     let mut table = String::from("| file | document | result |\n|---|---|---|\n");
     let (mut counted, mut loaded) = (0, 0);
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/argo/corpus");
@@ -324,6 +327,16 @@ fn argo_corpus_loads() {
             }
             let t = translate(&inputs);
             let mut problems: Vec<String> = t.refused.iter().map(|e| e.msg.clone()).collect();
+            for (.., value, _, _) in &t.generated.entries {
+                let text = yaml_serde::to_string(value).unwrap();
+                for part in text.split("${secret").skip(1) {
+                    let sel = part.trim_start_matches("-file").trim_start_matches(':');
+                    let sel = &sel[..sel.find('}').unwrap()];
+                    let f = secrets.path().join(sel);
+                    std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+                    std::fs::write(f, "stand-in").unwrap();
+                }
+            }
             if problems.is_empty() {
                 if let Err(e) = crate::config::parse_with("<none>", "", t.generated) {
                     problems = e.0.iter().map(|e| e.msg.clone()).collect();
@@ -362,7 +375,7 @@ fn argo_corpus_loads() {
     assert!(counted >= 100, "{counted} documents counted");
     // A ratchet: it may only go up as mappings land (the goal is 90 %, issue #50).
     assert!(
-        loaded * 100 >= counted * 73,
+        loaded * 100 >= counted * 79,
         "{summary}see {}",
         out.display()
     );
