@@ -269,7 +269,8 @@ pub fn kinds() -> Vec<Kind> {
         source::<sluice_webhook::SlackConfig>(
             "slack",
             "Slack Events API, interactions and slash commands: X-Slack-Signature v0 verified, url_verification answered",
-        ),
+        )
+        .argo_source("slack", sluice_webhook::argo::slack),
         #[cfg(feature = "webhook")]
         source::<sluice_webhook::StandardWebhooksConfig>(
             "standard-webhooks",
@@ -295,27 +296,32 @@ pub fn kinds() -> Vec<Kind> {
         source::<sluice_nats::NatsSourceConfig>(
             "nats",
             "core NATS subscription (queue groups; at-most-once, drops counted), CloudEvents NATS binding or Argo's NATS shape",
-        ),
+        )
+        .argo_source("nats", sluice_nats::argo::source),
         #[cfg(feature = "nats")]
         sink::<sluice_nats::NatsConfig>(
             "nats",
             "NATS core or JetStream publish (PubAck = delivered, Nats-Msg-Id dedup), CloudEvents binding or Argo EventBus",
-        ),
+        )
+        .argo_trigger("nats", sluice_nats::argo::trigger),
         #[cfg(feature = "kafka")]
         source::<sluice_kafka::KafkaSourceConfig>(
             "kafka",
             "Kafka consumer group (cooperative rebalancing): offsets committed only up to the delivered watermark, retries with backoff, CloudEvents Kafka binding",
-        ),
+        )
+        .argo_source("kafka", sluice_kafka::argo::source),
         #[cfg(feature = "kafka")]
         sink::<sluice_kafka::KafkaConfig>(
             "kafka",
             "Kafka produce (idempotent, acks=all, delivery report = delivered), CloudEvents Kafka binding, topic and key templates",
-        ),
+        )
+        .argo_trigger("kafka", sluice_kafka::argo::trigger),
         #[cfg(feature = "amqp")]
         source::<sluice_amqp::AmqpSourceConfig>(
             "amqp",
             "AMQP 0-9-1 (RabbitMQ) consumer: ack after delivery (coalesced), nack with requeue after a delay, reject to the dead-letter exchange, CloudEvents AMQP binding",
-        ),
+        )
+        .argo_source("amqp", sluice_amqp::argo::source),
         #[cfg(feature = "amqp")]
         sink::<sluice_amqp::AmqpSinkConfig>(
             "amqp",
@@ -325,7 +331,8 @@ pub fn kinds() -> Vec<Kind> {
         source::<sluice_mqtt::MqttSourceConfig>(
             "mqtt",
             "MQTT 3.1.1 and 5 subscriptions: QoS 1 acknowledged after delivery in arrival order, persistent sessions, structured and MQTT 5 binary CloudEvents",
-        ),
+        )
+        .argo_source("mqtt", sluice_mqtt::argo::source),
         #[cfg(feature = "mqtt")]
         sink::<sluice_mqtt::MqttSinkConfig>(
             "mqtt",
@@ -335,7 +342,8 @@ pub fn kinds() -> Vec<Kind> {
         source::<sluice_redis::StreamsSourceConfig>(
             "redis-streams",
             "Redis Streams consumer group: XACK after delivery, failed entries retried with backoff, dead consumers' entries taken over (XAUTOCLAIM)",
-        ),
+        )
+        .argo_source("redisStream", sluice_redis::argo::streams),
         #[cfg(feature = "redis")]
         sink::<sluice_redis::StreamsSinkConfig>(
             "redis-streams",
@@ -345,7 +353,8 @@ pub fn kinds() -> Vec<Kind> {
         source::<sluice_redis::PubSubSourceConfig>(
             "redis",
             "Redis Pub/Sub channels and patterns (at-most-once; drops under backpressure counted)",
-        ),
+        )
+        .argo_source("redis", sluice_redis::argo::pubsub),
         #[cfg(feature = "redis")]
         sink::<sluice_redis::PubSubSinkConfig>(
             "redis",
@@ -371,7 +380,8 @@ pub fn kinds() -> Vec<Kind> {
         source::<sluice_aws::SnsSourceConfig>(
             "sns",
             "Amazon SNS HTTP endpoint: signatures v1/v2 verified, subscriptions of allowed topics confirmed, 200 only after delivery",
-        ),
+        )
+        .argo_source("sns", sluice_aws::argo::sns),
         #[cfg(feature = "aws")]
         sink::<sluice_aws::SnsSinkConfig>(
             "sns",
@@ -387,7 +397,8 @@ pub fn kinds() -> Vec<Kind> {
         source::<sluice_pubsub::PubSubSourceConfig>(
             "pubsub",
             "GCP Pub/Sub streaming pull: flow control as the in-flight window, ack after delivery, deadlines extended, ordering keys in order",
-        ),
+        )
+        .argo_source("pubSub", sluice_pubsub::argo::source),
         #[cfg(feature = "pubsub")]
         sink::<sluice_pubsub::PubSubSinkConfig>(
             "pubsub",
@@ -427,7 +438,8 @@ pub fn kinds() -> Vec<Kind> {
         sink::<sluice_email::EmailSinkConfig>(
             "email",
             "Email trigger: one message per event over SMTP (STARTTLS or TLS), delivered when the server accepted it",
-        ),
+        )
+        .argo_trigger("email", sluice_email::argo::trigger),
         #[cfg(feature = "transform")]
         processor::<sluice_transform::SetConfig>(
             "set",

@@ -240,6 +240,31 @@ fn trigger(
         );
         return None;
     };
+    // Argo applies the trigger-level `parameters` to the trigger template itself; those that
+    // write into this type's spec are handed to its mapping.
+    let mut template_parameters = Vec::new();
+    for (i, p) in f
+        .list("parameters")
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+    {
+        let prefix = format!("{ty}.");
+        match p["dest"].as_str().and_then(|d| d.strip_prefix(&prefix)) {
+            Some(rest) => {
+                let mut p = p.clone();
+                p["dest"] = json!(rest);
+                template_parameters.push((i, p));
+            }
+            None => notes.push(
+                [f.path_of("parameters"), vec![i.to_string(), s("dest")]].concat(),
+                NoteKind::Refused,
+                format!(
+                    "a trigger parameter writes into the `{ty}` spec: its dest starts with `{ty}.`"
+                ),
+            ),
+        }
+    }
     let mut ctx = TriggerCtx {
         sensor: &doc.name,
         trigger: &name,
@@ -247,11 +272,19 @@ fn trigger(
         dependencies: deps,
         payload: None,
         policy,
+        template_parameters,
     };
     let mut kf = tpl.obj(&ty)?;
     let kind_path = kf.path().to_vec();
     let mut sink = map(&mut ctx, &mut kf);
     drop(kf);
+    for (i, _) in &ctx.template_parameters {
+        notes.push(
+            [f.path_of("parameters"), vec![i.to_string(), s("dest")]].concat(),
+            NoteKind::Refused,
+            format!("this part of a `{ty}` trigger cannot be set from an event yet"),
+        );
+    }
     if ctx.policy.is_some() {
         notes.push(
             f.path_of("policy"),
@@ -266,11 +299,6 @@ fn trigger(
     if let Some(p) = ctx.payload {
         nt.insert("payload".into(), Value::Array(p));
     }
-    f.refuse(
-        "parameters",
-        "parameters that rewrite the trigger template are not supported yet: put them in the \
-         trigger type's own `parameters` or `payload`",
-    );
     for k in ["retryStrategy", "rateLimit", "atLeastOnce"] {
         if let Some(v) = f.take(k) {
             nt.insert(k.into(), v);

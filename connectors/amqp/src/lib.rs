@@ -8,6 +8,7 @@
 //! - `kind: amqp` sink: publisher confirms; delivered = the broker's ack; with `mandatory`, a
 //!   message the broker returns (no queue bound) is a failure.
 
+pub mod argo;
 mod binding;
 mod sink;
 mod source;

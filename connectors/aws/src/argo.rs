@@ -1,7 +1,7 @@
 //! Argo Events' `sqs` EventSource and `awsLambda` trigger onto these kinds (`sluice run -f`).
 
 use serde_json::{json, Map, Value};
-use sluice_core::argo::map::{argo_source, EventCtx, Fields, TriggerCtx};
+use sluice_core::argo::map::{argo_source, no_source_filter, EventCtx, Fields, TriggerCtx};
 
 /// Argo's AWS connection fields: `region`, `endpoint`, `accessKey`/`secretKey`/`sessionToken`
 /// (secrets), `roleARN`.
@@ -68,11 +68,7 @@ pub fn sqs(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
         }
     }
     f.ignore("sessionToken", "read together with accessKey and secretKey");
-    f.refuse(
-        "filter",
-        "a source-side filter is not supported yet: move the expression into the Sensor's \
-         dependency filters (`filters.exprs`)",
-    );
+    no_source_filter(f);
     Value::Object(out)
 }
 
@@ -101,5 +97,72 @@ pub fn lambda(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
         "parameters that rewrite the awsLambda trigger are not supported yet: build the \
          request with `payload`",
     );
+    Value::Object(out)
+}
+
+/// Argo's `sns` EventSource: the HTTPS endpoint SNS posts to.
+pub fn sns(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
+    let mut out = argo_source(ctx, f);
+    out.remove("source");
+    out.remove("subject");
+    match f.obj("webhook") {
+        Some(mut w) => {
+            match w.str("port") {
+                Some(p) if p.parse::<u16>().is_ok() => {
+                    out.insert("listen".into(), json!(format!("0.0.0.0:{p}")));
+                }
+                _ => w.refuse_here("`port` is required (a port number)"),
+            }
+            if let Some(e) = w.str("endpoint") {
+                let e = if e.starts_with('/') {
+                    e
+                } else {
+                    format!("/{e}")
+                };
+                out.insert("path".into(), json!(e));
+            }
+            w.ignore("method", "SNS posts; Sluice accepts POST");
+            w.ignore(
+                "url",
+                "Sluice does not call SNS Subscribe: subscribe this endpoint to the topic \
+                 yourself; Sluice confirms the subscription when SNS asks",
+            );
+            let (c, k) = (
+                w.secret_file("serverCertSecret"),
+                w.secret_file("serverKeySecret"),
+            );
+            match (c, k) {
+                (Some(c), Some(k)) => {
+                    out.insert("tls".into(), json!({"cert": c, "key": k}));
+                }
+                (None, None) => {}
+                _ => w.refuse_here("serverCertSecret and serverKeySecret go together"),
+            }
+        }
+        None => f.refuse_here("`webhook` (port and endpoint) is required"),
+    }
+    match f.str("topicArn") {
+        Some(t) => {
+            out.insert("topic_arns".into(), json!([t]));
+        }
+        None => f.refuse_here("`topicArn` is required"),
+    }
+    if f.bool("validateSignature") == Some(false) {
+        f.note("validateSignature", "Sluice always verifies SNS signatures");
+    }
+    for k in [
+        "region",
+        "accessKey",
+        "secretKey",
+        "sessionToken",
+        "roleARN",
+        "endpoint",
+    ] {
+        f.ignore(
+            k,
+            "used by Argo to call SNS Subscribe; Sluice only receives and confirms",
+        );
+    }
+    no_source_filter(f);
     Value::Object(out)
 }

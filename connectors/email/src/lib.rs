@@ -4,6 +4,8 @@
 //! Subject and body come from templates over the event's attributes, or from the event's JSON
 //! data: its members `to`, `subject` and `body` win, so a Sensor's `payload` builds the mail.
 
+pub mod argo;
+
 use std::sync::Arc;
 
 use lettre::message::header::ContentType;

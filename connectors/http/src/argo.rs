@@ -3,31 +3,30 @@
 use serde_json::{json, Map, Value};
 use sluice_core::argo::map::{Fields, TriggerCtx};
 
-/// Argo's TLS block (`caCertSecret`, `clientCertSecret`, `clientKeySecret`) as files.
 fn tls(f: &mut Fields, out: &mut Map<String, Value>) {
-    let Some(mut t) = f.obj("tls") else { return };
-    let mut m = Map::new();
-    if let Some(ca) = t.secret_file("caCertSecret") {
-        m.insert("ca".into(), json!(ca));
+    if let Some(t) = sluice_core::argo::map::tls_files(f) {
+        out.insert("tls".into(), t);
     }
-    if let Some(c) = t.secret_file("clientCertSecret") {
-        m.insert("cert".into(), json!(c));
-    }
-    if let Some(k) = t.secret_file("clientKeySecret") {
-        m.insert("key".into(), json!(k));
-    }
-    t.refuse(
-        "insecureSkipVerify",
-        "Sluice always verifies the server's certificate: trust its CA with `caCertSecret`",
-    );
-    out.insert("tls".into(), Value::Object(m));
 }
 
 /// Argo's `http` trigger: `url`, `method`, `payload` (the body), `headers`, `secureHeaders`,
 /// `timeout`, `tls`.
 pub fn http(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
     let mut out = Map::new();
-    match f.str("url") {
+    let url = match f.str("url") {
+        Some(u) => Some(u),
+        None => {
+            let old = f.str("serverURL");
+            if old.is_some() {
+                f.note(
+                    "serverURL",
+                    "read as `url` (its name before Argo Events 1.0)",
+                );
+            }
+            old
+        }
+    };
+    match url {
         Some(u) => {
             out.insert("url".into(), json!(u));
         }
@@ -112,7 +111,7 @@ pub fn http(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
 
 /// Argo's `slack` trigger: `slackToken`, `channel`, `message`, `attachments`, `blocks`,
 /// `thread`, `sender`.
-pub fn slack(_ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
+pub fn slack(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
     let mut out = Map::new();
     match f.secret("slackToken") {
         Some(t) => {
@@ -148,6 +147,16 @@ pub fn slack(_ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
             }
         }
         out.insert("sender".into(), Value::Object(m));
+    }
+    // Trigger-level parameters on `slack.channel` / `slack.message`: the sink takes the data
+    // members `channel` and `text` over its own, so the Sensor's payload builds them.
+    let mut payload = ctx.take_template_parameter("channel");
+    for mut p in ctx.take_template_parameter("message") {
+        p["dest"] = json!("text");
+        payload.push(p);
+    }
+    if !payload.is_empty() {
+        ctx.payload = Some(payload);
     }
     f.refuse(
         "parameters",

@@ -1,6 +1,7 @@
 //! `kind: kafka` — produces events to Kafka with rdkafka (bundled librdkafka): an idempotent
 //! producer with `acks=all`, where an event counts as delivered only on its delivery report.
 
+pub mod argo;
 mod source;
 
 use std::time::Duration as StdDuration;

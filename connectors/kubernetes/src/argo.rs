@@ -40,7 +40,7 @@ fn object_source(f: &mut Fields, out: &mut Map<String, Value>) {
     }
     if let Some(mut c) = src.obj("configmap") {
         let mut m = Map::new();
-        for k in ["name", "key"] {
+        for k in ["name", "key", "namespace"] {
             if let Some(v) = c.str(k) {
                 m.insert(k.into(), json!(v));
             }
@@ -61,7 +61,12 @@ fn object_source(f: &mut Fields, out: &mut Map<String, Value>) {
 /// What both triggers share: the object, its parameters, the namespace.
 fn object_trigger(ctx: &mut TriggerCtx<'_>, f: &mut Fields, out: &mut Map<String, Value>) {
     object_source(f, out);
-    if let Some(list) = f.list("parameters") {
+    // Trigger-level parameters that write into the object are the object's parameters.
+    let outer = ctx.take_template_parameters("source.resource.");
+    let inner = f.list("parameters");
+    if inner.is_some() || !outer.is_empty() {
+        let mut list = inner.unwrap_or_default();
+        list.extend(outer);
         let params = object_parameters(ctx, list, f);
         if !params.is_empty() {
             out.insert("parameters".into(), Value::Array(params));

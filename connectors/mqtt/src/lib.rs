@@ -11,6 +11,7 @@
 //! payload); MQTT 5 adds binary mode (user properties and Content Type). Incoming ones are taken
 //! as they are in either mode.
 
+pub mod argo;
 mod binding;
 mod proto;
 mod sink;

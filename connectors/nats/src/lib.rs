@@ -1,6 +1,7 @@
 //! `kind: nats` — publishes events to NATS: JetStream (acknowledged, deduplicated by
 //! `Nats-Msg-Id`) or core NATS (fire and forget after a flush).
 
+pub mod argo;
 mod binding;
 mod source;
 mod subject;

@@ -11,6 +11,7 @@
 //! The client is `gcloud-pubsub` (docs/decisions.md says why). `endpoint:` or
 //! `PUBSUB_EMULATOR_HOST` points both at the Pub/Sub emulator, without credentials.
 
+pub mod argo;
 pub mod binding;
 mod sink;
 mod source;

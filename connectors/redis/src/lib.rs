@@ -13,6 +13,7 @@
 //! Stream entries carry CloudEvents with the Kafka binding's field names (`ce_id`, `ce_type`,
 //! ..., `content-type`) and the data in field `data`; see `entry`.
 
+pub mod argo;
 mod entry;
 mod pubsub;
 mod streams;

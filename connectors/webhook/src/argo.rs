@@ -230,6 +230,19 @@ pub fn bitbucketserver(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     v
 }
 
+/// Argo's `slack` EventSource.
+pub fn slack(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
+    let v = provider(ctx, f, "signingSecret", &[]);
+    f.ignore(
+        "token",
+        "Slack's verification token is deprecated; Sluice verifies the signing secret",
+    );
+    if v.get("secrets").is_none() {
+        f.refuse_here("Sluice verifies X-Slack-Signature: give the app's `signingSecret`");
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -326,6 +326,42 @@ pub struct TriggerCtx<'a> {
     /// The trigger's `policy` (`status`, `k8s`): a mapping that honours it takes it; one left
     /// here is refused.
     pub policy: Option<Value>,
+    /// The trigger-level `parameters` (Argo applies them to the trigger template), with `dest`
+    /// made relative to the type's spec (`k8s.source.resource.metadata.name` →
+    /// `source.resource.metadata.name`), each with its index. A mapping takes those it can
+    /// honour; the rest are refused.
+    pub template_parameters: Vec<(usize, Value)>,
+}
+
+impl TriggerCtx<'_> {
+    /// Takes the template parameters whose `dest` starts with `prefix`, with the prefix removed.
+    pub fn take_template_parameters(&mut self, prefix: &str) -> Vec<Value> {
+        let mut taken = Vec::new();
+        self.template_parameters.retain(|(_, p)| {
+            let Some(rest) = p["dest"].as_str().and_then(|d| d.strip_prefix(prefix)) else {
+                return true;
+            };
+            let mut p = p.clone();
+            p["dest"] = Value::String(rest.to_owned());
+            taken.push(p);
+            false
+        });
+        taken
+    }
+
+    /// Takes the template parameters whose `dest` is exactly `dest`.
+    pub fn take_template_parameter(&mut self, dest: &str) -> Vec<Value> {
+        let mut taken = Vec::new();
+        self.template_parameters.retain(|(_, p)| {
+            if p["dest"] == dest {
+                taken.push(p.clone());
+                false
+            } else {
+                true
+            }
+        });
+        taken
+    }
 }
 
 /// Maps one trigger's spec onto a native sink config (without `kind`).
@@ -366,6 +402,45 @@ pub fn object_parameters(ctx: &mut TriggerCtx<'_>, list: Vec<Value>, f: &Fields)
     all.extend(payload);
     ctx.payload = Some(all);
     sink
+}
+
+/// Argo's `tls` block (`caCertSecret`, `clientCertSecret`, `clientKeySecret`) as the
+/// `{ca, cert, key}` files most connectors take; `insecureSkipVerify` is refused.
+pub fn tls_files(f: &mut Fields) -> Option<Value> {
+    let mut t = f.obj("tls")?;
+    let mut m = Map::new();
+    for (from, to) in [
+        ("caCertSecret", "ca"),
+        ("clientCertSecret", "cert"),
+        ("clientKeySecret", "key"),
+    ] {
+        if let Some(v) = t.secret_file(from) {
+            m.insert(to.into(), json!(v));
+        }
+    }
+    t.refuse(
+        "insecureSkipVerify",
+        "Sluice always verifies the server's certificate: trust its CA with `caCertSecret`",
+    );
+    t.ignore("enabled", "TLS is on when the block is given");
+    Some(Value::Object(m))
+}
+
+/// Argo's `connectionBackoff`: noted, Sluice reconnects with its own backoff.
+pub fn reconnects(f: &mut Fields) {
+    f.ignore(
+        "connectionBackoff",
+        "Sluice reconnects on its own, with a capped exponential backoff, for as long as it runs",
+    );
+}
+
+/// Argo's source-side `filter` (expr-lang over the event's data): refused with what to do.
+pub fn no_source_filter(f: &mut Fields) {
+    f.refuse(
+        "filter",
+        "a source-side filter is not supported yet: move the expression into the Sensor's \
+         dependency filters (`filters.exprs`)",
+    );
 }
 
 /// Argo's `metadata` in `format: argo` events and the options every `format: argo` source
@@ -433,6 +508,7 @@ mod tests {
             dependencies: &[],
             payload: None,
             policy: None,
+            template_parameters: Vec::new(),
         };
         let sink = object_parameters(
             &mut ctx,
