@@ -659,6 +659,8 @@ pub struct Generated {
     /// `(section, name, value, file, positions)`; the positions are keyed by the entry's
     /// native paths (`sources.<name>.listen`).
     pub entries: Vec<(String, String, Value, String, Positions)>,
+    /// Routes, each with its file and the position errors about it point at.
+    pub routes: Vec<(Value, String, Option<Pos>)>,
 }
 
 /// [`parse`], with `generated` entries added.
@@ -727,6 +729,25 @@ pub fn parse_with(file: &str, text: &str, generated: Generated) -> Result<Config
         }
         sec.insert(Value::String(name.clone()), value);
         cx.elsewhere.insert(key, (from, positions));
+    }
+    if let Value::Mapping(root_map) = &mut root {
+        let routes = root_map
+            .entry(Value::String("routes".into()))
+            .or_insert_with(|| Value::Sequence(Vec::new()));
+        if routes.is_null() {
+            *routes = Value::Sequence(Vec::new());
+        }
+        if let Value::Sequence(list) = routes {
+            for (route, from, at) in generated.routes {
+                let mut positions = Positions::default();
+                let key = format!("routes.{}", list.len());
+                if let Some(p) = at {
+                    positions.set(&key, p);
+                }
+                cx.elsewhere.insert(key, (from, positions));
+                list.push(route);
+            }
+        }
     }
     let mut sub_errors = Vec::new();
     substitute_all(&mut root, &mut Vec::new(), &mut sub_errors);

@@ -82,6 +82,20 @@ struct ArgoArgs {
     /// Where Argo's secrets are mounted, as `<name>/<key>` files.
     #[arg(long, env = "SLUICE_SECRETS_DIR", default_value = argo::DEFAULT_SECRETS_DIR)]
     secrets_dir: PathBuf,
+    /// The NATS URL of Argo's managed JetStream EventBus (an EventBus document with
+    /// `jetstream`); `jetstreamExotic` names its own.
+    #[arg(long, env = "SLUICE_EVENTBUS_URL")]
+    eventbus_url: Option<String>,
+}
+
+impl ArgoArgs {
+    /// Makes the options visible to the translation and to the secret lookups of the parse.
+    fn export(&self) {
+        std::env::set_var("SLUICE_SECRETS_DIR", &self.secrets_dir);
+        if let Some(u) = &self.eventbus_url {
+            std::env::set_var(argo::EVENTBUS_URL_ENV, u);
+        }
+    }
 }
 
 /// ANSI colour only for a person at a terminal: never into a file, a pipe or a log collector,
@@ -170,8 +184,7 @@ fn load(
         let (name, text) = config::resolve(path)?;
         return config::parse(&name, &text);
     }
-    // Secrets are read while the config is parsed (`${secret:…}`).
-    std::env::set_var("SLUICE_SECRETS_DIR", &argo_args.secrets_dir);
+    argo_args.export();
     let t = argo::translate(&argo::read(&argo_args.files)?);
     for n in &t.notes {
         note(&n.to_string());
@@ -258,6 +271,7 @@ fn main() -> ExitCode {
                 eprintln!("sluice convert: give the Argo manifests with -f FILE|DIR|-");
                 return ExitCode::FAILURE;
             }
+            a.export();
             let t = match argo::read(&a.files) {
                 Ok(inputs) => argo::translate(&inputs),
                 Err(e) => {

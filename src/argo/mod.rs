@@ -125,6 +125,8 @@ pub struct Translation {
     pub generated: Generated,
     /// The same entries as one native config, for `sluice convert`.
     pub native: BTreeMap<&'static str, Map<String, Value>>,
+    /// The routes, for `sluice convert`.
+    pub native_routes: Vec<Value>,
     /// Fields accepted with a difference, and documents passed over.
     pub notes: Vec<Shown>,
     /// Fields refused: the manifests cannot run.
@@ -198,6 +200,18 @@ impl Translation {
         ));
     }
 
+    /// Adds a native route, its errors placed at `path` of `doc`.
+    fn add_route(&mut self, doc: &Doc, route: Value, path: &[String]) {
+        let yaml: yaml_serde::Value = match yaml_serde::to_value(&route) {
+            Ok(v) => v,
+            Err(_) => return,
+        };
+        self.native_routes.push(route);
+        self.generated
+            .routes
+            .push((yaml, doc.file.clone(), doc.at(path)));
+    }
+
     /// `sluice convert`: the native config, with the notes as comments.
     pub fn to_native_yaml(&self) -> String {
         let mut out = String::from(
@@ -212,6 +226,9 @@ impl Translation {
             if let Some(m) = self.native.get(section) {
                 root.insert(section.into(), Value::Object(m.clone()));
             }
+        }
+        if !self.native_routes.is_empty() {
+            root.insert("routes".into(), Value::Array(self.native_routes.clone()));
         }
         out.push_str(&yaml_serde::to_string(&Value::Object(root)).unwrap_or_default());
         out
@@ -339,17 +356,129 @@ fn common(doc: &Doc, f: &mut Fields) {
 fn kubernetes_only(f: &mut Fields, what: &str) {
     f.ignore(
         "template",
-        &format!("the pod template of Argo's {what} deployment; Sluice runs in this process"),
+        &format!(
+            "the pod template of Argo's {what} deployment; Sluice runs in this process (a \
+             `serviceAccountName`: Kubernetes triggers act as Sluice's own identity, or as the \
+             one `as:` names in native config)"
+        ),
     );
     f.ignore(
         "replicas",
         "Sluice runs as many copies as you start; dedup ids make copies safe",
     );
-    f.ignore(
-        "eventBusName",
-        "without an EventBus document, EventSources and Sensors in one Sluice are wired \
-         directly (no bus)",
-    );
+}
+
+/// An EventBus document Sluice connects to: Argo's JetStream bus.
+pub(crate) struct Bus {
+    pub url: String,
+    pub tls: Option<Value>,
+}
+
+impl Bus {
+    /// The sink EventSources publish to.
+    pub fn sink_name(name: &str) -> String {
+        format!("eventbus.{name}")
+    }
+
+    /// The `nats` sink that publishes as Argo's EventSources do.
+    pub fn sink(&self) -> Value {
+        let mut v = json!({"kind": "nats", "url": self.url, "format": "argo-eventbus"});
+        if let Some(t) = &self.tls {
+            v["tls"] = t.clone();
+        }
+        v
+    }
+}
+
+/// The URL of Argo's managed JetStream bus when `--eventbus-url` gives none.
+pub const EVENTBUS_URL_ENV: &str = "SLUICE_EVENTBUS_URL";
+
+/// Reads an EventBus document.
+fn bus(doc: &Doc, t: &mut Translation) -> Option<Bus> {
+    let notes = Notes::default();
+    let mut out = None;
+    {
+        let mut f = Fields::new(vec![], doc.value.clone(), &notes);
+        common(doc, &mut f);
+        let Some(mut spec) = f.obj("spec") else {
+            f.refuse_here("an EventBus needs a `spec`");
+            drop(f);
+            t.take_notes(doc, &notes);
+            return None;
+        };
+        if let Some(mut js) = spec.obj("jetstreamExotic") {
+            let url = js.str("url");
+            let tls = sluice_core::argo::map::tls_files(&mut js);
+            js.refuse(
+                "accessSecret",
+                "not supported yet: a bus that needs credentials is reached with native config \
+                 (a `nats` sink and `jetstream` source with `auth`)",
+            );
+            js.ignore(
+                "streamConfig",
+                "Sluice creates the stream `default` when missing with Argo's subjects \
+                 (`default.*.*`), file storage and a 5-minute duplicate window; other settings \
+                 stay the server's",
+            );
+            match url {
+                Some(url) => out = Some(Bus { url, tls }),
+                None => js.refuse_here("`url` is required"),
+            }
+        }
+        if let Some(mut js) = spec.obj("jetstream") {
+            for k in js.keys() {
+                js.ignore(
+                    &k,
+                    "a setting of the bus Argo's controller deploys; Sluice connects to it",
+                );
+            }
+            match std::env::var(EVENTBUS_URL_ENV) {
+                Ok(url) => out = Some(Bus { url, tls: None }),
+                Err(_) => js.refuse_here(&format!(
+                    "Argo's managed bus is reached through its Service, with TLS and generated \
+                     credentials: give its URL with --eventbus-url (or {EVENTBUS_URL_ENV}), or \
+                     describe it as `jetstreamExotic`"
+                )),
+            }
+        }
+        spec.refuse("kafka", "the Kafka EventBus is not supported yet");
+        spec.refuse(
+            "nats",
+            "the NATS Streaming (STAN) EventBus is deprecated and not supported",
+        );
+        if out.is_none() && !notes.refused() {
+            spec.refuse_here("an EventBus needs `jetstream` or `jetstreamExotic`");
+        }
+    }
+    t.take_notes(doc, &notes);
+    if notes.refused() {
+        None
+    } else {
+        out
+    }
+}
+
+/// The EventBus a document uses (`spec.eventBusName`, default `default`), when one was given.
+fn bus_of<'a>(doc: &Doc, buses: &'a HashMap<String, Bus>) -> Option<(String, &'a Bus)> {
+    let name = doc.value["spec"]["eventBusName"]
+        .as_str()
+        .unwrap_or("default")
+        .to_owned();
+    buses.get(&name).map(|b| (name, b))
+}
+
+/// `spec.eventBusName`: honoured when the bus was given, noted otherwise.
+fn bus_name_field(spec: &mut Fields, bus: Option<&str>) {
+    match bus {
+        Some(_) => {
+            spec.take("eventBusName");
+        }
+        None => spec.ignore(
+            "eventBusName",
+            "no EventBus document of this name was given: EventSources and Sensors in one \
+             Sluice are wired directly (no bus)",
+        ),
+    }
 }
 
 /// Translates Argo manifests into native config entries.
@@ -375,7 +504,28 @@ pub fn translate(inputs: &[Input]) -> Translation {
         }
     }
 
-    // EventSources first: their events are what Sensor dependencies name.
+    // EventBus documents first: EventSources publish to theirs, Sensors read from it.
+    let mut buses: HashMap<String, Bus> = HashMap::new();
+    for doc in docs.iter().filter(|d| d.kind == "EventBus") {
+        let refused_before = t.refused.len();
+        if buses.contains_key(&doc.name) {
+            t.note(
+                doc,
+                &[s("metadata"), s("name")],
+                NoteKind::Refused,
+                format!(
+                    "two EventBuses are named `{}`; names must be unique",
+                    doc.name
+                ),
+            );
+        } else if let Some(b) = bus(doc, &mut t) {
+            buses.insert(doc.name.clone(), b);
+        }
+        t.rows.push(row(doc, &t, refused_before));
+    }
+    let mut bus_sinks: BTreeMap<String, Vec<(Value, Vec<String>, usize)>> = BTreeMap::new();
+
+    // EventSources next: their events are what Sensor dependencies name.
     // (eventSourceName, eventName) → the source's name.
     let mut events: BTreeMap<(String, String), String> = BTreeMap::new();
     let mut es_seen: HashMap<String, String> = HashMap::new();
@@ -398,8 +548,10 @@ pub fn translate(inputs: &[Input]) -> Translation {
         {
             let mut f = Fields::new(vec![], doc.value.clone(), &notes);
             common(doc, &mut f);
+            let bus = bus_of(doc, &buses);
             if let Some(mut spec) = f.obj("spec") {
                 kubernetes_only(&mut spec, "EventSource");
+                bus_name_field(&mut spec, bus.as_ref().map(|(n, _)| n.as_str()));
                 if let Some(mut svc) = spec.obj("service") {
                     svc.ignore(
                         "ports",
@@ -438,6 +590,30 @@ pub fn translate(inputs: &[Input]) -> Translation {
                         drop(ef);
                         native["kind"] = json!(kind);
                         let name = format!("{}.{}", doc.name, event);
+                        if let Some((bus_name, _)) = &bus {
+                            // Argo's Sensors route by the CloudEvent's source and subject.
+                            if native["source"] != json!(doc.name)
+                                || native["subject"] != json!(event)
+                            {
+                                t.note(
+                                    doc,
+                                    &path,
+                                    NoteKind::Refused,
+                                    format!(
+                                        "a `{ty}` event cannot publish to the EventBus yet: its \
+                                         events do not carry the EventSource and event names as \
+                                         their source and subject; leave the EventBus out to \
+                                         wire it to Sensors in this Sluice directly"
+                                    ),
+                                );
+                            }
+                            let route = json!({"from": [name], "to": [Bus::sink_name(bus_name)]});
+                            bus_sinks.entry(bus_name.clone()).or_default().push((
+                                route,
+                                path.clone(),
+                                docs.iter().position(|d| std::ptr::eq(d, doc)).unwrap_or(0),
+                            ));
+                        }
                         events.insert((doc.name.clone(), event.clone()), name.clone());
                         t.add(doc, "sources", &name, native, &[(vec![], path)]);
                     }
@@ -447,19 +623,6 @@ pub fn translate(inputs: &[Input]) -> Translation {
             }
         }
         t.take_notes(doc, &notes);
-        t.rows.push(row(doc, &t, refused_before));
-    }
-
-    for doc in docs.iter().filter(|d| d.kind == "EventBus") {
-        let refused_before = t.refused.len();
-        t.note(
-            doc,
-            &[s("spec")],
-            NoteKind::Refused,
-            "EventBus documents are not supported yet: without one, EventSources and Sensors in \
-             one Sluice are wired directly"
-                .into(),
-        );
         t.rows.push(row(doc, &t, refused_before));
     }
 
@@ -479,8 +642,32 @@ pub fn translate(inputs: &[Input]) -> Translation {
             t.rows.push(row(doc, &t, refused_before));
             continue;
         }
-        sensor::translate(doc, &events, &trigger_types, &mut t);
+        let bus = bus_of(doc, &buses);
+        sensor::translate(doc, &events, &trigger_types, bus, &mut t);
         t.rows.push(row(doc, &t, refused_before));
+    }
+
+    // The bus sinks and the routes of the EventSources that publish to them.
+    for (bus_name, routes) in bus_sinks {
+        let Some(b) = buses.get(&bus_name) else {
+            continue;
+        };
+        let Some(bus_doc) = docs
+            .iter()
+            .find(|d| d.kind == "EventBus" && d.name == bus_name)
+        else {
+            continue;
+        };
+        t.add(
+            bus_doc,
+            "sinks",
+            &Bus::sink_name(&bus_name),
+            b.sink(),
+            &[(vec![], vec![s("spec")])],
+        );
+        for (route, path, di) in routes {
+            t.add_route(&docs[di], route, &path);
+        }
     }
     t
 }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::{json, Map, Value};
 use sluice_core::argo::map::{Fields, NoteKind, Notes, TriggerCtx, TriggerMap};
 
-use super::{common, kubernetes_only, s, Doc, Translation};
+use super::{bus_name_field, common, kubernetes_only, s, Bus, Doc, Translation};
 
 type Triggers<'a> = HashMap<&'a str, (&'static str, TriggerMap)>;
 
@@ -39,12 +39,14 @@ pub(super) fn translate(
     doc: &Doc,
     events: &BTreeMap<(String, String), String>,
     triggers: &Triggers<'_>,
+    bus: Option<(String, &Bus)>,
     t: &mut Translation,
 ) {
     let notes = Notes::default();
     let mut out = Out { sinks: Vec::new() };
     let mut sensor = Map::new();
     let mut origins: Vec<(Vec<String>, Vec<String>)> = vec![(vec![], vec![s("spec")])];
+    let mut bus_source: Option<(String, Value)> = None;
     {
         let mut f = Fields::new(vec![], doc.value.clone(), &notes);
         common(doc, &mut f);
@@ -55,6 +57,7 @@ pub(super) fn translate(
             return;
         };
         kubernetes_only(&mut spec, "Sensor");
+        bus_name_field(&mut spec, bus.as_ref().map(|(n, _)| n.as_str()));
         spec.ignore(
             "revisionHistoryLimit",
             "a Kubernetes Deployment setting; Sluice has no Deployment",
@@ -70,6 +73,7 @@ pub(super) fn translate(
 
         let mut deps = Vec::new();
         let mut dep_names = Vec::new();
+        let mut bus_subjects: Vec<String> = Vec::new();
         for (i, d) in spec
             .list("dependencies")
             .unwrap_or_default()
@@ -85,9 +89,18 @@ pub(super) fn translate(
                 df.refuse_here("a dependency needs `name`, `eventSourceName` and `eventName`");
                 continue;
             };
-            let source = match events.get(&(es.clone(), ev.clone())) {
-                Some(src) => src.clone(),
-                None => {
+            // With an EventBus, every dependency reads it (Argo's Sensors do), matched by the
+            // CloudEvent's source and subject; without one, the source the event became here.
+            let from_bus = bus
+                .as_ref()
+                .map(|(b, _)| format!("{}.{}", Bus::sink_name(b), doc.name));
+            let source = match (events.get(&(es.clone(), ev.clone())), &from_bus) {
+                (_, Some(b)) => {
+                    bus_subjects.push(format!("default.{es}.{ev}"));
+                    b.clone()
+                }
+                (Some(src), None) => src.clone(),
+                (None, None) => {
                     let known: Vec<String> =
                         events.keys().map(|(a, b)| format!("{a}/{b}")).collect();
                     let hint = crate::config::suggest(
@@ -112,6 +125,10 @@ pub(super) fn translate(
             let mut m = Map::new();
             m.insert("name".into(), json!(name));
             m.insert("source".into(), json!(source));
+            if from_bus.is_some() {
+                m.insert("event_source".into(), json!(es));
+                m.insert("event_subject".into(), json!(ev));
+            }
             for k in ["filters", "filtersLogicalOperator", "transform"] {
                 if let Some(v) = df.take(k) {
                     m.insert(k.into(), v);
@@ -123,6 +140,34 @@ pub(super) fn translate(
         }
         if deps.is_empty() {
             spec.refuse_here("a Sensor needs at least one dependency it can wire");
+        }
+        if let Some((bus_name, b)) = &bus {
+            bus_subjects.sort();
+            bus_subjects.dedup();
+            // A durable consumer per Sensor, created at the end of the stream (Argo's
+            // DeliverNew: a new Sensor does not replay the bus's history).
+            let consumer: String = format!("sluice-{}", doc.name)
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let mut src = json!({
+                "kind": "jetstream",
+                "url": b.url,
+                "format": "argo-eventbus",
+                "consumer": consumer,
+                "filter_subjects": bus_subjects,
+                "deliver": "new",
+            });
+            if let Some(tls) = &b.tls {
+                src["tls"] = tls.clone();
+            }
+            bus_source = Some((format!("{}.{}", Bus::sink_name(bus_name), doc.name), src));
         }
         sensor.insert("dependencies".into(), Value::Array(deps));
 
@@ -156,6 +201,15 @@ pub(super) fn translate(
     t.take_notes(doc, &notes);
     if notes.refused() {
         return;
+    }
+    if let Some((name, src)) = bus_source {
+        t.add(
+            doc,
+            "sources",
+            &name,
+            src,
+            &[(vec![], vec![s("spec"), s("dependencies")])],
+        );
     }
     t.add(doc, "sensors", &doc.name, Value::Object(sensor), &origins);
     for (name, value, path) in out.sinks {

@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::json;
 
 fn input(name: &str, text: &str) -> Input {
     Input {
@@ -378,5 +379,101 @@ fn argo_corpus_loads() {
         loaded * 100 >= counted * 90,
         "{summary}see {}",
         out.display()
+    );
+}
+
+const BUS: &str = "\
+apiVersion: argoproj.io/v1alpha1
+kind: EventBus
+metadata:
+  name: default
+spec:
+  jetstreamExotic:
+    url: nats://127.0.0.1:4222
+    streamConfig: \"\"
+";
+
+#[test]
+fn with_an_event_bus_sources_publish_to_it_and_sensors_read_it() {
+    let t = translate(&[
+        input("bus.yaml", BUS),
+        input("es.yaml", WEBHOOK_ES),
+        input("s.yaml", HTTP_SENSOR),
+    ]);
+    assert!(t.refused.is_empty(), "{:?}", t.refused);
+    let sink = &t.native["sinks"]["eventbus.default"];
+    assert_eq!(sink["kind"], "nats");
+    assert_eq!(sink["format"], "argo-eventbus");
+    assert_eq!(sink["url"], "nats://127.0.0.1:4222");
+    assert_eq!(
+        t.native_routes,
+        vec![json!({"from": ["webhook.example"], "to": ["eventbus.default"]})]
+    );
+    let src = &t.native["sources"]["eventbus.default.webhook"];
+    assert_eq!(src["kind"], "jetstream");
+    assert_eq!(src["filter_subjects"], json!(["default.webhook.example"]));
+    assert_eq!(src["deliver"], "new");
+    let dep = &t.native["sensors"]["webhook"]["dependencies"][0];
+    assert_eq!(dep["source"], "eventbus.default.webhook");
+    assert_eq!(dep["event_source"], "webhook");
+    assert_eq!(dep["event_subject"], "example");
+    let c = crate::config::parse_with("<none>", "", t.generated).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (c.sources.len(), c.sinks.len(), c.processors.len()),
+        (2, 2, 1)
+    );
+    assert_eq!(c.routes.len(), 2, "the bus route and the sensor's input");
+
+    // A Sensor alone reads the bus for EventSources that run elsewhere (in Argo).
+    let t = translate(&[input("bus.yaml", BUS), input("s.yaml", HTTP_SENSOR)]);
+    assert!(t.refused.is_empty(), "{:?}", t.refused);
+    assert!(t.native["sources"].contains_key("eventbus.default.webhook"));
+    // A bus of another name is not this Sensor's.
+    let other = BUS.replace("name: default", "name: other");
+    let t = translate(&[input("bus.yaml", &other), input("s.yaml", HTTP_SENSOR)]);
+    assert!(
+        t.refused[0]
+            .msg
+            .contains("no EventSource declares event `example` of `webhook`"),
+        "{:?}",
+        t.refused
+    );
+}
+
+#[test]
+fn an_event_bus_refuses_what_it_cannot_reach() {
+    let managed = "\
+apiVersion: argoproj.io/v1alpha1
+kind: EventBus
+metadata: { name: default }
+spec:
+  jetstream:
+    version: latest
+";
+    std::env::remove_var(EVENTBUS_URL_ENV);
+    let t = translate(&[input("bus.yaml", managed)]);
+    let err = t.refused[0].to_string();
+    assert!(
+        err.starts_with("bus.yaml:5:3: spec.jetstream: Argo's managed bus"),
+        "{err}"
+    );
+    assert!(err.contains("--eventbus-url"), "{err}");
+    std::env::set_var(EVENTBUS_URL_ENV, "nats://bus:4222");
+    let t = translate(&[input("bus.yaml", managed)]);
+    assert!(t.refused.is_empty(), "{:?}", t.refused);
+    let kafka = "\
+apiVersion: argoproj.io/v1alpha1
+kind: EventBus
+metadata: { name: default }
+spec:
+  kafka: { url: k:9092 }
+";
+    let t = translate(&[input("bus.yaml", kafka)]);
+    assert!(
+        t.refused[0]
+            .msg
+            .contains("Kafka EventBus is not supported yet"),
+        "{:?}",
+        t.refused
     );
 }

@@ -57,6 +57,13 @@ pub struct DependencyConfig {
     /// Only events of this CloudEvents `type`.
     #[serde(default, rename = "type")]
     pub ty: Option<String>,
+    /// Only events whose CloudEvents `source` is this (Argo's `eventSourceName`, for events
+    /// read from Argo's EventBus).
+    #[serde(default)]
+    pub event_source: Option<String>,
+    /// Only events whose CloudEvents `subject` is this (Argo's `eventName`).
+    #[serde(default)]
+    pub event_subject: Option<String>,
     #[serde(default)]
     pub filters: Option<FiltersConfig>,
     /// `and` (default): every filter family given must pass; `or`: one of them.

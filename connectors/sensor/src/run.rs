@@ -38,6 +38,8 @@ enum Transform {
 pub(crate) struct Dep {
     pub(crate) name: String,
     ty: Option<String>,
+    event_source: Option<String>,
+    event_subject: Option<String>,
     transform: Option<Transform>,
     filters: Filters,
     matched: Counter,
@@ -342,6 +344,8 @@ impl Sensor {
                 name: d.name.clone(),
                 transform,
                 ty: d.ty.clone(),
+                event_source: d.event_source.clone(),
+                event_subject: d.event_subject.clone(),
                 filters,
                 matched: l("matched"),
                 errors: l("error"),
@@ -383,7 +387,13 @@ impl Sensor {
         let mut json_text: Option<Result<Option<Doc<'_>>, String>> = None;
         for &d in cands {
             let dep = &self.deps[d];
-            if dep.ty.as_deref().is_some_and(|ty| ty != e.ty) {
+            if dep.ty.as_deref().is_some_and(|ty| ty != e.ty)
+                || dep.event_source.as_deref().is_some_and(|s| s != e.source)
+                || dep
+                    .event_subject
+                    .as_deref()
+                    .is_some_and(|s| e.subject.as_deref() != Some(s))
+            {
                 continue;
             }
             let transformed = match &dep.transform {
