@@ -495,3 +495,24 @@ spec:
         t.refused
     );
 }
+
+#[test]
+fn two_event_sources_of_one_name_are_refused_and_dead_letter_triggers_get_their_own_sink() {
+    let t = translate(&[input("a.yaml", WEBHOOK_ES), input("b.yaml", WEBHOOK_ES)]);
+    let err = t.refused[0].to_string();
+    assert!(
+        err.starts_with("b.yaml:4:3: metadata.name: two EventSources are named `webhook` (the other one is in a.yaml)"),
+        "{err}"
+    );
+    let sensor = HTTP_SENSOR.replace(
+        "      retryStrategy:\n        steps: 3\n",
+        "      atLeastOnce: true\n      retryStrategy:\n        steps: 3\n      dlqTrigger:\n        template:\n          name: parked\n          log: {}\n        atLeastOnce: true\n",
+    );
+    let t = translate(&[input("es.yaml", WEBHOOK_ES), input("s.yaml", &sensor)]);
+    assert!(t.refused.is_empty(), "{:?}", t.refused);
+    let tr = &t.native["sensors"]["webhook"]["triggers"][0];
+    assert_eq!(tr["dlqTrigger"]["sink"], "webhook.parked.dlq");
+    assert_eq!(tr["atLeastOnce"], true);
+    assert_eq!(t.native["sinks"]["webhook.parked.dlq"]["kind"], "log");
+    crate::config::parse_with("<none>", "", t.generated).unwrap_or_else(|e| panic!("{e}"));
+}
