@@ -503,6 +503,168 @@ pub async fn start_sink<C: crate::SinkConfig>(name: &str, cfg: serde_json::Value
     rig
 }
 
+/// A sink of kind `C` from `cfg`, validated, built and running, with its task's handle (to
+/// check that it returns, and how).
+pub async fn start_sink_joined<C: crate::SinkConfig>(
+    name: &str,
+    cfg: serde_json::Value,
+) -> (
+    SinkRig,
+    tokio::task::JoinHandle<Result<(), crate::ConnectorError>>,
+) {
+    let cfg: C = serde_json::from_value(cfg).expect("testkit: the config deserializes");
+    cfg.validate(name).expect("testkit: the config validates");
+    let mut rig = SinkRig::new(name);
+    let running = Box::new(cfg)
+        .build(rig.context(name))
+        .await
+        .expect("testkit: the sink builds");
+    (rig, tokio::spawn(running))
+}
+
+/// The compliance check every sink passes, against its real peer, observed from outside:
+///
+/// 1. a bad config is refused by `validate` with a message;
+/// 2. delivered means the peer has it: once a unit's outcome says delivered, `held()` (what the
+///    peer holds now, one byte string per message: the body, or the whole record) shows every
+///    event of it, for a unit of one event and a unit of five;
+/// 3. the standard telemetry: `sluice_events_delivered_total{sink}` counts them;
+/// 4. drain: events handed over, then the input closed while they are in flight: each is
+///    still delivered, and the sink's task returns `Ok` by itself;
+/// 5. with its peer gone (`unreachable`: the same sink pointed at a closed port), a unit of
+///    three is not reported delivered, each event has its own status (not one for the batch),
+///    and once the grace period is over (`grace_over`) the sink gives up and returns.
+///
+/// Every event's data is a JSON object holding a marker unique to this run, so `held` may
+/// return records in any encoding that keeps the data's bytes (binary or structured mode).
+pub async fn sink_compliance<C: crate::SinkConfig>(
+    name: &str,
+    cfg: serde_json::Value,
+    bad: serde_json::Value,
+    unreachable: serde_json::Value,
+    mut held: impl FnMut() -> crate::BoxFuture<'static, Vec<Vec<u8>>>,
+) {
+    let refused = serde_json::from_value::<C>(bad.clone())
+        .map_err(|e| e.to_string())
+        .and_then(|c| c.validate(name));
+    match refused {
+        Err(msg) => assert!(!msg.trim().is_empty(), "{name}: a refusal must say why"),
+        Ok(()) => panic!("{name}: the bad config {bad} was accepted"),
+    }
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let event = |i: usize| {
+        Event::new(format!("{run}-{i}"), "/compliance", "compliance.check")
+            .with_json(format!("{{\"marker\":\"{run}-{i}-x\",\"n\":{i}}}").into_bytes())
+    };
+    let marker = |i: usize| format!("{run}-{i}-x");
+    let has = |records: &[Vec<u8>], m: &str| {
+        records
+            .iter()
+            .any(|r| memchr::memmem::find(r, m.as_bytes()).is_some())
+    };
+    let timeout = Duration::from_secs(30);
+
+    // 2. and 3.
+    let (mut rig, task) = start_sink_joined::<C>(name, cfg.clone()).await;
+    let mut next = 0;
+    for size in [1, 5] {
+        let unit: Vec<Event> = (next..next + size).map(event).collect();
+        let outcome = tokio::time::timeout(timeout, rig.send(unit))
+            .await
+            .unwrap_or_else(|_| panic!("{name}: a unit of {size} got no outcome in 30 s"));
+        assert!(
+            outcome.is_delivered(),
+            "{name}: a unit of {size} was not delivered: {outcome:?}"
+        );
+        let records = held().await;
+        for i in next..next + size {
+            assert!(
+                has(&records, &marker(i)),
+                "{name}: event {i} was reported delivered but the peer does not have it"
+            );
+        }
+        next += size;
+    }
+    assert!(
+        metric(crate::telemetry::EVENTS_DELIVERED, &[("sink", name)]) >= 6.0,
+        "{name}: sluice_events_delivered_total{{sink}}"
+    );
+
+    // 4. Drain.
+    let pending: Vec<_> = {
+        let mut v = Vec::new();
+        for i in next..next + 4 {
+            v.push(rig.sender().send(vec![event(i)]).await);
+        }
+        v
+    };
+    rig.close();
+    for p in pending {
+        let o = tokio::time::timeout(timeout, p)
+            .await
+            .unwrap_or_else(|_| panic!("{name}: an event in flight at the close got no outcome"));
+        assert!(
+            o.is_delivered(),
+            "{name}: in flight at the close, then {o:?}"
+        );
+    }
+    tokio::time::timeout(timeout, task)
+        .await
+        .unwrap_or_else(|_| panic!("{name}: the sink did not return once its input ended"))
+        .expect("the task ran")
+        .unwrap_or_else(|e| panic!("{name}: the sink returned an error after its drain: {e}"));
+    let records = held().await;
+    for i in next..next + 4 {
+        assert!(
+            has(&records, &marker(i)),
+            "{name}: drained event {i} is not at the peer"
+        );
+    }
+    next += 4;
+
+    // 5. The peer is gone: per-event statuses, and the grace period ends the wait.
+    let dead_name = format!("{name}-unreachable");
+    let cfg: C = serde_json::from_value(unreachable).expect("testkit: the config deserializes");
+    let mut rig = SinkRig::new(&dead_name);
+    let grace = rig.grace_over.clone();
+    // A sink may fail to start when its peer is gone (it checks the peer at start): that is a
+    // clear refusal too.
+    let running = match Box::new(cfg).build(rig.context(&dead_name)).await {
+        Ok(r) => r,
+        Err(e) => {
+            assert!(
+                !e.to_string().trim().is_empty(),
+                "{name}: a start failure must say why"
+            );
+            return;
+        }
+    };
+    let task = tokio::spawn(running);
+    let unit: Vec<Event> = (next..next + 3).map(event).collect();
+    let pending = rig.sender().send(unit).await;
+    rig.close();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    grace.cancel();
+    let o = tokio::time::timeout(Duration::from_secs(15), pending)
+        .await
+        .unwrap_or_else(|_| panic!("{name}: no outcome within 15 s of the end of the grace"));
+    assert!(
+        !o.is_delivered(),
+        "{name}: delivered to a peer that is gone: {o:?}"
+    );
+    for i in 0..3 {
+        assert!(
+            o.status_of(i) != Status::Delivered,
+            "{name}: event {i} of the unit counted delivered"
+        );
+    }
+    tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .unwrap_or_else(|_| panic!("{name}: the sink did not return after its grace"))
+        .expect("the task ran")
+        .ok();
+}
+
 /// The compliance check every pull source (a broker consumer that acknowledges upstream) passes,
 /// observed from outside through the broker, with nothing but a way to publish:
 ///

@@ -648,3 +648,22 @@ fn invalid_configs_say_what_is_wrong() {
         "without tls.key",
     );
 }
+
+/// The shared sink compliance check (`testkit::sink_compliance`).
+#[tokio::test]
+async fn passes_the_sink_compliance_check() {
+    let server = serve(always(StatusCode::OK), None).await;
+    let s = server.clone();
+    testkit::sink_compliance::<HttpSinkConfig>(
+        "http-compliance",
+        serde_json::json!({"url": server.url}),
+        serde_json::json!({"url": "ftp://example.com/"}),
+        serde_json::json!({"url": format!("http://127.0.0.1:{}/", testkit::free_port()),
+            "retry": {"max_attempts": 100, "initial_backoff": "50ms"}}),
+        move || {
+            let s = s.clone();
+            Box::pin(async move { s.seen().into_iter().map(|x| x.body.to_vec()).collect() })
+        },
+    )
+    .await;
+}

@@ -325,3 +325,32 @@ fn config_errors_say_what_to_fix() {
     assert!(bad(json!({"tls": {"cert": "c.pem"}})).contains("cert and key"));
     assert!(serde_json::from_value::<NatsConfig>(json!({"mode": "fancy"})).is_err());
 }
+
+/// The shared sink compliance check (`testkit::sink_compliance`) on JetStream.
+#[tokio::test]
+async fn jetstream_sink_compliance() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let url = server.url();
+    let cfg = json!({"url": url, "subject": "events.{source}.{type}",
+        "jetstream": {"stream": "COMPLIANCE", "create": {"subjects": ["events.>"]}}});
+    let held_url = url.clone();
+    sluice_core::testkit::sink_compliance::<NatsConfig>(
+        "nats-compliance",
+        cfg,
+        json!({"url": url, "subject": "", "max_in_flight": 0}),
+        json!({"url": format!("nats://127.0.0.1:{}", sluice_core::testkit::free_port()),
+               "jetstream": {"stream": "COMPLIANCE"}}),
+        move || {
+            let url = held_url.clone();
+            Box::pin(async move {
+                stream_messages(&url, "COMPLIANCE")
+                    .await
+                    .into_iter()
+                    .map(|m| m.payload.to_vec())
+                    .collect()
+            })
+        },
+    )
+    .await;
+}

@@ -676,3 +676,39 @@ async fn passes_the_pull_source_compliance_check() {
     )
     .await;
 }
+
+/// Every entry of `stream`, each as its fields' bytes concatenated.
+async fn stream_records(url: &str, stream: &str) -> Vec<Vec<u8>> {
+    let mut c = conn(url).await;
+    let entries: redis::streams::StreamRangeReply = c.xrange_all(stream).await.unwrap();
+    entries
+        .ids
+        .into_iter()
+        .map(|e| {
+            let mut out = Vec::new();
+            for v in e.map.values() {
+                if let redis::Value::BulkString(b) = v {
+                    out.extend_from_slice(b);
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_streams_sink_passes_the_sink_compliance_check() {
+    let stream = unique("sink-compliance");
+    let s = stream.clone();
+    sluice_core::testkit::sink_compliance::<StreamsSinkConfig>(
+        "rs-sink-compliance",
+        json!({"url": SHARED, "stream": stream}),
+        json!({"url": SHARED, "stream": stream, "batch": 0}),
+        json!({"url": format!("redis://127.0.0.1:{}", sluice_core::testkit::free_port()), "stream": stream, "timeout": "1s"}),
+        move || {
+            let s = s.clone();
+            Box::pin(async move { stream_records(SHARED, &s).await })
+        },
+    )
+    .await;
+}
