@@ -548,3 +548,36 @@ async fn a_backlog_does_not_keep_the_thread_from_other_tasks() {
     testkit::assert_yields_while_reading("amqp-backlog", N).await;
     got.wait_for(N).await;
 }
+
+/// The shared sink compliance check (`testkit::sink_compliance`) on RabbitMQ.
+#[tokio::test]
+async fn the_sink_passes_the_sink_compliance_check() {
+    let (conn, ch) = channel().await;
+    let queue = unique("sink-compliance");
+    declare_queue(&ch, &queue, true).await;
+    let got = std::sync::Arc::new(tokio::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    let (ch, q, g) = (std::sync::Arc::new(ch), queue.clone(), got.clone());
+    testkit::sink_compliance::<sluice_amqp::AmqpSinkConfig>(
+        "amqp-sink-compliance",
+        json!({"url": URL, "exchange": "", "routing_key": queue}),
+        json!({"url": URL, "exchange": "", "routing_key": queue, "max_in_flight": 0}),
+        json!({"url": format!("amqp://guest:guest@127.0.0.1:{}/%2f", testkit::free_port()),
+            "exchange": "", "routing_key": queue}),
+        move || {
+            let (ch, q, g) = (ch.clone(), q.clone(), g.clone());
+            Box::pin(async move {
+                let mut got = g.lock().await;
+                while let Some(m) = ch
+                    .basic_get(q.as_str().into(), BasicGetOptions { no_ack: true })
+                    .await
+                    .unwrap()
+                {
+                    got.push(m.delivery.data.clone());
+                }
+                got.clone()
+            })
+        },
+    )
+    .await;
+    drop(conn);
+}

@@ -389,3 +389,33 @@ async fn a_record_larger_than_the_local_queue_fails_and_the_sink_goes_on() {
     assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
     assert!(rig.send(vec![event("small-1")]).await.is_delivered());
 }
+
+/// The shared sink compliance check (`testkit::sink_compliance`) on librdkafka's mock cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_sink_compliance_check() {
+    let c = cluster(1);
+    let bootstrap = c.bootstrap_servers();
+    c.create_topic("compliance", 1, 1).unwrap();
+    let b = bootstrap.clone();
+    sluice_core::testkit::sink_compliance::<KafkaConfig>(
+        "kafka-compliance",
+        serde_json::json!({"brokers": bootstrap, "topic": "compliance"}),
+        serde_json::json!({"brokers": "", "topic": "compliance"}),
+        serde_json::json!({"brokers": format!("127.0.0.1:{}", sluice_core::testkit::free_port()),
+            "topic": "compliance", "message_timeout": "60s"}),
+        move || {
+            let b = b.clone();
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || {
+                    consume(&b, "compliance", 1, usize::MAX, Duration::from_secs(2))
+                        .into_iter()
+                        .filter_map(|g| g.payload)
+                        .collect()
+                })
+                .await
+                .unwrap()
+            })
+        },
+    )
+    .await;
+}

@@ -908,3 +908,36 @@ async fn mqtt5_a_refusing_broker_rejects_the_event() {
     }
     drop(broker);
 }
+
+/// The shared sink compliance check (`testkit::sink_compliance`) on Mosquitto. The broker is
+/// the peer; a subscriber reads what it took (its forwarding takes a moment after the PUBACK,
+/// so each look waits until nothing more arrives for 300 ms).
+#[tokio::test]
+async fn the_sink_passes_the_sink_compliance_check() {
+    let topic = unique("sink-compliance");
+    let mut sub = peer(1883).await;
+    sub.subscribe(&topic).await;
+    let _client = sub.client.clone();
+    let rx = std::sync::Arc::new(tokio::sync::Mutex::new(sub.rx));
+    let got = std::sync::Arc::new(tokio::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    testkit::sink_compliance::<MqttSinkConfig>(
+        "mqtt-sink-compliance",
+        json!({"url": URL, "topic": topic, "qos": 1}),
+        json!({"url": URL, "topic": format!("{topic}/#")}),
+        json!({"url": format!("mqtt://127.0.0.1:{}", testkit::free_port()), "topic": topic, "timeout": "1s"}),
+        move || {
+            let (rx, got) = (rx.clone(), got.clone());
+            Box::pin(async move {
+                let mut rx = rx.lock().await;
+                let mut got = got.lock().await;
+                while let Ok(Some(p)) =
+                    tokio::time::timeout(Duration::from_millis(300), rx.recv()).await
+                {
+                    got.push(p.payload.to_vec());
+                }
+                got.clone()
+            })
+        },
+    )
+    .await;
+}
