@@ -642,3 +642,98 @@ async fn assume_role_takes_credentials_from_sts() {
     assert_eq!(o.status, Status::Delivered, "{:?}", o.reason);
     wait_counts(&c, &url, (1, 0)).await;
 }
+
+/// The shared sink compliance check (`testkit::sink_compliance`) on the SQS sink.
+#[tokio::test]
+async fn sqs_sink_passes_the_sink_compliance_check() {
+    let m = moto().await;
+    let c = sqs(&m).await;
+    let url = queue(&c, "sink-compliance", &[]).await;
+    let got = std::sync::Arc::new(tokio::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    let (c2, g) = (c.clone(), got.clone());
+    testkit::sink_compliance::<SqsSinkConfig>(
+        "sqs-sink-compliance",
+        json!({"queue": "sink-compliance", "endpoint": m.url, "region": "us-east-1"}),
+        json!({"queue": "", "endpoint": m.url}),
+        json!({"queue": "sink-compliance", "region": "us-east-1",
+            "endpoint": format!("http://127.0.0.1:{}", testkit::free_port()), "timeout": "2s"}),
+        move || {
+            let (c, url, g) = (c2.clone(), url.clone(), g.clone());
+            Box::pin(async move { take_all(&c, &url, &g).await })
+        },
+    )
+    .await;
+}
+
+/// Receives and deletes every message of the queue, adding the bodies to `got`; returns all
+/// bodies taken so far.
+async fn take_all(
+    c: &aws_sdk_sqs::Client,
+    url: &str,
+    got: &tokio::sync::Mutex<Vec<Vec<u8>>>,
+) -> Vec<Vec<u8>> {
+    let mut got = got.lock().await;
+    loop {
+        let r = c
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .send()
+            .await
+            .unwrap();
+        let msgs = r.messages.unwrap_or_default();
+        if msgs.is_empty() {
+            break;
+        }
+        for msg in msgs {
+            got.push(msg.body.unwrap_or_default().into_bytes());
+            c.delete_message()
+                .queue_url(url)
+                .receipt_handle(msg.receipt_handle.unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    got.clone()
+}
+
+/// The shared sink compliance check on the SNS sink: the topic fans out to an SQS queue
+/// (raw delivery), which is read back.
+#[tokio::test]
+async fn sns_sink_passes_the_sink_compliance_check() {
+    let m = moto().await;
+    let c = sqs(&m).await;
+    let sns = aws_sdk_sns::Client::new(&sdk(&m).await);
+    let url = queue(&c, "sns-compliance-q", &[]).await;
+    let qarn = arn_of(&c, &url).await;
+    let topic = sns
+        .create_topic()
+        .name("sns-compliance")
+        .send()
+        .await
+        .unwrap()
+        .topic_arn
+        .unwrap();
+    sns.subscribe()
+        .topic_arn(&topic)
+        .protocol("sqs")
+        .endpoint(&qarn)
+        .attributes("RawMessageDelivery", "true")
+        .send()
+        .await
+        .unwrap();
+    let got = std::sync::Arc::new(tokio::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    testkit::sink_compliance::<SnsSinkConfig>(
+        "sns-sink-compliance",
+        json!({"topic_arn": topic, "endpoint": m.url, "region": "us-east-1"}),
+        json!({"topic_arn": "alerts", "endpoint": m.url}),
+        json!({"topic_arn": topic, "region": "us-east-1",
+            "endpoint": format!("http://127.0.0.1:{}", testkit::free_port()), "timeout": "2s"}),
+        move || {
+            let (c, url, g) = (c.clone(), url.clone(), got.clone());
+            Box::pin(async move { take_all(&c, &url, &g).await })
+        },
+    )
+    .await;
+}
