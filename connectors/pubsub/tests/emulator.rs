@@ -575,3 +575,44 @@ async fn a_failed_head_holds_back_its_key_also_what_is_not_taken_yet() {
     rig.shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// The shared sink compliance check (`testkit::sink_compliance`) against the emulator: a
+/// subscription made before the first publish reads back what the topic took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sink_passes_the_sink_compliance_check() {
+    let emu = std::sync::Arc::new(emulator().await);
+    let topic = emu.topic().await;
+    let sub = emu.subscription(&topic, false).await;
+    let got = std::sync::Arc::new(tokio::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    let e = emu.clone();
+    testkit::sink_compliance::<PubSubSinkConfig>(
+        "ps-sink-compliance",
+        json!({"project": PROJECT, "endpoint": emu.host, "topic": topic}),
+        json!({"project": PROJECT, "endpoint": emu.host, "topic": topic, "max_batch": 0}),
+        json!({"project": PROJECT, "endpoint": format!("127.0.0.1:{}", testkit::free_port()),
+            "topic": topic, "timeout": "2s"}),
+        move || {
+            let (e, sub, g) = (e.clone(), sub.clone(), got.clone());
+            Box::pin(async move {
+                let mut got = g.lock().await;
+                loop {
+                    let pulled = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        e.client.subscription(&sub).pull(100, None),
+                    )
+                    .await;
+                    let Ok(Ok(msgs)) = pulled else { break };
+                    if msgs.is_empty() {
+                        break;
+                    }
+                    for m in msgs {
+                        got.push(m.message.data.to_vec());
+                        m.ack().await.unwrap();
+                    }
+                }
+                got.clone()
+            })
+        },
+    )
+    .await;
+}
