@@ -675,3 +675,66 @@ async fn live_object_update_applies_parameters_to_the_live_object() {
     assert_eq!(live.data["spec"]["entrypoint"], "x");
     assert_eq!(live.metadata.labels.unwrap()["keep"], "me");
 }
+
+/// A kubeconfig naming a server that is not there (a closed port).
+fn dead_kubeconfig(dir: &std::path::Path) -> String {
+    let p = dir.join("dead-kubeconfig");
+    let port = testkit::free_port();
+    std::fs::write(
+        &p,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: gone\n  cluster: {{server: \"http://127.0.0.1:{port}\"}}\ncontexts:\n- name: gone\n  context: {{cluster: gone, user: u}}\ncurrent-context: gone\nusers:\n- name: u\n  user: {{token: t}}\n"
+        ),
+    )
+    .unwrap();
+    p.display().to_string()
+}
+
+/// Every Workflow in `ns`, each as its JSON text.
+async fn workflows_json(ns: &str) -> Vec<Vec<u8>> {
+    let c = client().await;
+    workflows(&c, ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|w| serde_json::to_vec(&w).unwrap())
+        .collect()
+}
+
+/// The shared sink compliance check (`testkit::sink_compliance`) on the k8s and argo-workflow
+/// sinks: each event becomes a Workflow whose parameter is the event's marker.
+#[tokio::test]
+async fn the_trigger_sinks_pass_the_sink_compliance_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let dead = dead_kubeconfig(dir.path());
+    let params =
+        json!([{"src": {"dataKey": "marker"}, "dest": "spec.arguments.parameters.0.value"}]);
+    let ns1 = ns("compliance-k8s");
+    let n = ns1.clone();
+    testkit::sink_compliance::<K8sSinkConfig>(
+        "k8s-compliance",
+        json!({"kubeconfig": kc(), "namespace": ns1, "resource": workflow_template(), "parameters": params}),
+        json!({"kubeconfig": kc(), "namespace": ns1}),
+        json!({"kubeconfig": dead, "namespace": ns1, "resource": workflow_template(), "parameters": params, "timeout": "1s"}),
+        move || {
+            let n = n.clone();
+            Box::pin(async move { workflows_json(&n).await })
+        },
+    )
+    .await;
+    let ns2 = ns("compliance-wf");
+    let n = ns2.clone();
+    testkit::sink_compliance::<ArgoWorkflowConfig>(
+        "argo-workflow-compliance",
+        json!({"kubeconfig": kc(), "namespace": ns2, "resource": workflow_template(), "parameters": params}),
+        json!({"kubeconfig": kc(), "namespace": ns2, "operation": "resume", "resource": workflow_template()}),
+        json!({"kubeconfig": dead, "namespace": ns2, "resource": workflow_template(), "parameters": params, "timeout": "1s"}),
+        move || {
+            let n = n.clone();
+            Box::pin(async move { workflows_json(&n).await })
+        },
+    )
+    .await;
+}
