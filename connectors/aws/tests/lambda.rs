@@ -203,3 +203,30 @@ fn bad_configs_are_refused() {
     assert!(bad(json!({"function_name": "f", "endpoint": "localhost"})).contains("endpoint"));
     assert!(bad(json!({"function_name": "f", "concurrency": 0})).contains("concurrency"));
 }
+
+/// The shared sink compliance check (`testkit::sink_compliance`) against the fake Lambda API:
+/// what a function was invoked with is what it holds.
+#[tokio::test]
+async fn passes_the_sink_compliance_check() {
+    let (url, calls) = fake_lambda().await;
+    sluice_core::testkit::sink_compliance::<LambdaSinkConfig>(
+        "lambda-compliance",
+        cfg(&url, "release", json!({})),
+        cfg(&url, "", json!({})),
+        cfg(
+            &format!("http://127.0.0.1:{}", sluice_core::testkit::free_port()),
+            "release",
+            json!({"timeout": "1s"}),
+        ),
+        move || {
+            let got: Vec<Vec<u8>> = calls
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, _, _, v)| serde_json::to_vec(v).unwrap())
+                .collect();
+            Box::pin(async move { got })
+        },
+    )
+    .await;
+}

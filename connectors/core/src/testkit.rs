@@ -535,8 +535,9 @@ pub async fn start_sink_joined<C: crate::SinkConfig>(
 ///    three is not reported delivered, each event has its own status (not one for the batch),
 ///    and once the grace period is over (`grace_over`) the sink gives up and returns.
 ///
-/// Every event's data is a JSON object holding a marker unique to this run, so `held` may
-/// return records in any encoding that keeps the data's bytes (binary or structured mode).
+/// Every event's data is a JSON object holding a marker unique to this run, which is also the
+/// event's id, so `held` may return records in any encoding that keeps the data's bytes or the
+/// id (binary or structured mode, a message built from a template over `{id}`).
 pub async fn sink_compliance<C: crate::SinkConfig>(
     name: &str,
     cfg: serde_json::Value,
@@ -553,7 +554,7 @@ pub async fn sink_compliance<C: crate::SinkConfig>(
     }
     let run = uuid::Uuid::new_v4().simple().to_string();
     let event = |i: usize| {
-        Event::new(format!("{run}-{i}"), "/compliance", "compliance.check")
+        Event::new(format!("{run}-{i}-x"), "/compliance", "compliance.check")
             .with_json(format!("{{\"marker\":\"{run}-{i}-x\",\"n\":{i}}}").into_bytes())
     };
     let marker = |i: usize| format!("{run}-{i}-x");

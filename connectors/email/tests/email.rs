@@ -253,3 +253,30 @@ async fn starttls_against_a_server_with_a_private_ca() {
     assert_eq!(got.len(), 1);
     assert!(got[0].contains("over tls"));
 }
+
+/// The shared sink compliance check (`testkit::sink_compliance`) against the SMTP server: the
+/// mails it stored hold the events' data as their bodies.
+#[tokio::test]
+async fn passes_the_sink_compliance_check() {
+    let s = smtp();
+    let dir = s.dir.clone();
+    let base = json!({"host": "127.0.0.1", "port": s.port, "security": "none",
+        "from": "Sluice <sluice@example.com>", "to": ["ops@example.com"]});
+    let mut bad = base.clone();
+    bad["from"] = json!("not an address");
+    let mut dead = base.clone();
+    dead["port"] = json!(free_port());
+    dead["timeout"] = json!("1s");
+    sluice_core::testkit::sink_compliance::<EmailSinkConfig>(
+        "mail-compliance",
+        base,
+        bad,
+        dead,
+        move || {
+            let got: Vec<Vec<u8>> = mails(&dir).into_iter().map(String::into_bytes).collect();
+            Box::pin(async move { got })
+        },
+    )
+    .await;
+    drop(s);
+}

@@ -228,3 +228,28 @@ fn bad_configs_are_refused() {
             .contains("allowed_channels.1")
     );
 }
+
+/// The shared sink compliance check (`testkit::sink_compliance`) against the fake Slack: the
+/// posted text is the event's data.
+#[tokio::test]
+async fn passes_the_sink_compliance_check() {
+    let (url, seen) = fake_slack().await;
+    sluice_core::testkit::sink_compliance::<SlackSinkConfig>(
+        "slack-compliance",
+        json!({"token": "xoxb-test", "api_url": url, "channel": "#releases", "message": "{id}"}),
+        json!({"token": "", "api_url": url, "channel": "#releases"}),
+        json!({"token": "xoxb-test", "channel": "#releases",
+            "api_url": format!("http://127.0.0.1:{}/api", sluice_core::testkit::free_port()),
+            "retry": {"max_attempts": 100, "initial_backoff": "50ms"}}),
+        move || {
+            let got: Vec<Vec<u8>> = seen
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, v)| serde_json::to_vec(v).unwrap())
+                .collect();
+            Box::pin(async move { got })
+        },
+    )
+    .await;
+}

@@ -712,3 +712,43 @@ async fn the_streams_sink_passes_the_sink_compliance_check() {
     )
     .await;
 }
+
+/// The shared sink compliance check on the Pub/Sub sink with `require_subscriber`: a
+/// subscriber holds what was published (read as it arrives; each look waits until nothing
+/// more comes for 300 ms).
+#[tokio::test]
+async fn the_pubsub_sink_passes_the_sink_compliance_check() {
+    let ch = unique("sink-compliance");
+    let client = redis::Client::open(SHARED).unwrap();
+    let mut ps = client.get_async_pubsub().await.unwrap();
+    ps.subscribe(&ch).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    tokio::spawn(async move {
+        let mut s = ps.on_message();
+        while let Some(m) = futures_util::StreamExt::next(&mut s).await {
+            let _ = tx.send(m.get_payload_bytes().to_vec());
+        }
+    });
+    let rx = std::sync::Arc::new(tokio::sync::Mutex::new(rx));
+    let got = std::sync::Arc::new(tokio::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    sluice_core::testkit::sink_compliance::<PubSubSinkConfig>(
+        "rp-sink-compliance",
+        json!({"url": SHARED, "channel": ch, "require_subscriber": true}),
+        json!({"url": SHARED, "channel": ch, "batch": 0}),
+        json!({"url": format!("redis://127.0.0.1:{}", sluice_core::testkit::free_port()), "channel": ch, "timeout": "1s"}),
+        move || {
+            let (rx, got) = (rx.clone(), got.clone());
+            Box::pin(async move {
+                let mut rx = rx.lock().await;
+                let mut got = got.lock().await;
+                while let Ok(Some(p)) =
+                    tokio::time::timeout(Duration::from_millis(300), rx.recv()).await
+                {
+                    got.push(p);
+                }
+                got.clone()
+            })
+        },
+    )
+    .await;
+}
