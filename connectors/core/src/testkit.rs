@@ -666,6 +666,160 @@ pub async fn sink_compliance<C: crate::SinkConfig>(
         .ok();
 }
 
+/// One HTTP/1.1 request over a fresh connection; the answer's status, or `None` when the
+/// connection closed without one.
+pub async fn http_post(
+    addr: std::net::SocketAddr,
+    path: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {}\r\nconnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    tcp.write_all(req.as_bytes()).await.ok()?;
+    tcp.write_all(body).await.ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(2).any(|w| w == b"\r\n") {
+        let n = tcp.read(&mut buf).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&got);
+    line.split(' ').nth(1)?.trim().parse().ok()
+}
+
+/// The compliance check every HTTP push source (the webhook family, `sns`) passes, observed
+/// from outside as a sender sees it. `cfg` listens on `addr`; `request(i)` is a valid request
+/// (headers and body) for the `i`th distinct delivery, the same `i` giving the same delivery:
+///
+/// 1. a bad config is refused by `validate` with a message;
+/// 2. the answer comes only after delivery: while the event waits unsettled the sender has no
+///    answer; once delivered, a 2xx;
+/// 3. a failed delivery is answered with a 5xx, so the sender retries;
+/// 4. a duplicate (the same delivery sent again) is answered 2xx and reaches the sinks once;
+/// 5. shutdown: a request taken before it still gets its answer after delivery, and the source
+///    returns by itself;
+/// 6. the standard telemetry (`sluice_events_received_total{source}`).
+pub async fn http_push_source_compliance<C: crate::SourceConfig>(
+    name: &str,
+    cfg: serde_json::Value,
+    bad: serde_json::Value,
+    addr: std::net::SocketAddr,
+    path: &str,
+    request: impl Fn(usize) -> (Vec<(String, String)>, Vec<u8>),
+) {
+    let refused = serde_json::from_value::<C>(bad.clone())
+        .map_err(|e| e.to_string())
+        .and_then(|c| c.validate(name));
+    match refused {
+        Err(msg) => assert!(!msg.trim().is_empty(), "{name}: a refusal must say why"),
+        Ok(()) => panic!("{name}: the bad config {bad} was accepted"),
+    }
+    let timeout = Duration::from_secs(10);
+    let (mut rig, task) = start_source::<C>(name, cfg).await;
+    let mut cap = rig.capture();
+    let send = |i: usize| {
+        let (h, b) = request(i);
+        let path = path.to_owned();
+        tokio::spawn(async move {
+            // The listener may still be starting.
+            for _ in 0..100 {
+                if let Some(s) = http_post(addr, &path, &h, &b).await {
+                    return Some(s);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            None
+        })
+    };
+    let ok = |s: Option<u16>| s.is_some_and(|s| (200..300).contains(&s));
+
+    // 2.
+    let answer = send(0);
+    let item = cap.next_for("2. the event of a request", timeout).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !answer.is_finished(),
+        "{name}: the sender was answered before the event was delivered"
+    );
+    item.delivery.delivered();
+    let s = tokio::time::timeout(timeout, answer)
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert!(ok(s), "{name}: delivered, answered {s:?}");
+
+    // 3.
+    let answer = send(1);
+    let item = cap.next_for("3. the event of a request", timeout).await;
+    item.delivery.failed("compliance: the sink failed");
+    let s = tokio::time::timeout(timeout, answer)
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert!(
+        s.is_some_and(|s| s >= 500),
+        "{name}: a failed delivery must be answered 5xx so the sender retries, got {s:?}"
+    );
+
+    // 4.
+    let answer = send(2);
+    cap.next_for("4. the event of a request", timeout)
+        .await
+        .delivery
+        .delivered();
+    assert!(ok(tokio::time::timeout(timeout, answer)
+        .await
+        .expect("an answer")
+        .unwrap()));
+    let again = send(2);
+    let s = tokio::time::timeout(timeout, again)
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert!(ok(s), "{name}: a duplicate is answered 2xx, got {s:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        cap.try_next().is_none(),
+        "{name}: a duplicate delivery reached the sinks again"
+    );
+
+    // 5.
+    let answer = send(3);
+    let item = cap.next_for("5. taken before the shutdown", timeout).await;
+    rig.shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    item.delivery.delivered();
+    let s = tokio::time::timeout(timeout, answer)
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert!(ok(s), "{name}: taken before the shutdown, answered {s:?}");
+    drop(cap);
+    tokio::time::timeout(timeout, task)
+        .await
+        .unwrap_or_else(|_| panic!("{name}: the source did not return after the shutdown"))
+        .expect("the task ran")
+        .unwrap_or_else(|e| panic!("{name}: the source failed: {e}"));
+
+    // 6.
+    assert!(
+        metric(crate::telemetry::EVENTS_RECEIVED, &[("source", name)]) >= 4.0,
+        "{name}: sluice_events_received_total"
+    );
+}
+
 /// The compliance check every pull source (a broker consumer that acknowledges upstream) passes,
 /// observed from outside through the broker, with nothing but a way to publish:
 ///

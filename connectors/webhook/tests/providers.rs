@@ -701,3 +701,236 @@ fn bad_configs_are_refused_with_the_option_named() {
     );
     assert!(unknown.unwrap_err().to_string().contains("tolerence"));
 }
+
+/// Runs the shared push-source compliance check (`testkit::http_push_source_compliance`) on
+/// kind `T` at a free port, with `request(i)` building the `i`th delivery.
+async fn push_compliance<T: SourceConfig + DeserializeOwned>(
+    name: &str,
+    mut cfg: Value,
+    bad: Value,
+    request: impl Fn(usize) -> (Vec<(String, String)>, Vec<u8>),
+) {
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    cfg["listen"] = json!(addr.to_string());
+    cfg["path"] = json!("/hook");
+    sluice_core::testkit::http_push_source_compliance::<T>(name, cfg, bad, addr, "/hook", request)
+        .await;
+}
+
+fn pairs(v: Vec<(&str, String)>) -> Vec<(String, String)> {
+    v.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+#[tokio::test]
+async fn the_webhook_family_passes_the_push_source_compliance_check() {
+    push_compliance::<sluice_webhook::WebhookConfig>(
+        "pc-webhook",
+        json!({}),
+        json!({"methods": ["BREW"]}),
+        |i| {
+            (
+                pairs(vec![
+                    ("content-type", "application/json".to_owned()),
+                    ("idempotency-key", format!("k-{i}")),
+                ]),
+                format!("{{\"n\":{i}}}").into_bytes(),
+            )
+        },
+    )
+    .await;
+    let push = sample("github-push.json");
+    push_compliance::<sluice_webhook::GithubConfig>(
+        "pc-github",
+        json!({"secrets": ["gh"]}),
+        json!({"secrets": []}),
+        |i| {
+            (
+                pairs(vec![
+                    ("content-type", "application/json".to_owned()),
+                    ("x-github-event", "push".to_owned()),
+                    ("x-github-delivery", format!("d-{i}")),
+                    (
+                        "x-hub-signature-256",
+                        format!("sha256={}", hmac_hex(b"gh", &[&push])),
+                    ),
+                ]),
+                push.clone(),
+            )
+        },
+    )
+    .await;
+    let mr = sample("gitlab-merge_request.json");
+    push_compliance::<sluice_webhook::GitlabConfig>(
+        "pc-gitlab",
+        json!({"secrets": ["gl"]}),
+        json!({"secrets": [""]}),
+        |i| {
+            (
+                pairs(vec![
+                    ("content-type", "application/json".to_owned()),
+                    ("x-gitlab-event", "Merge Request Hook".to_owned()),
+                    ("x-gitlab-token", "gl".to_owned()),
+                    ("idempotency-key", format!("g-{i}")),
+                ]),
+                mr.clone(),
+            )
+        },
+    )
+    .await;
+    let bb = sample("bitbucket-repo-push.json");
+    push_compliance::<sluice_webhook::BitbucketConfig>(
+        "pc-bitbucket",
+        json!({"secrets": ["bb"]}),
+        json!({"secrets": [""]}),
+        |i| {
+            (
+                pairs(vec![
+                    ("x-event-key", "repo:push".to_owned()),
+                    ("x-request-uuid", format!("u-{i}")),
+                    (
+                        "x-hub-signature",
+                        format!("sha256={}", hmac_hex(b"bb", &[&bb])),
+                    ),
+                ]),
+                bb.clone(),
+            )
+        },
+    )
+    .await;
+    let pr = sample("bitbucket-server-pr-opened.json");
+    push_compliance::<sluice_webhook::BitbucketServerConfig>(
+        "pc-bitbucket-server",
+        json!({"secrets": ["bb"]}),
+        json!({"secrets": []}),
+        |i| {
+            (
+                pairs(vec![
+                    ("x-event-key", "pr:opened".to_owned()),
+                    ("x-request-id", format!("r-{i}")),
+                    (
+                        "x-hub-signature",
+                        format!("sha256={}", hmac_hex(b"bb", &[&pr])),
+                    ),
+                ]),
+                pr.clone(),
+            )
+        },
+    )
+    .await;
+    let key = base64::engine::general_purpose::STANDARD
+        .decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+        .unwrap();
+    push_compliance::<sluice_webhook::StandardWebhooksConfig>(
+        "pc-standard",
+        json!({"secrets": ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]}),
+        json!({"secrets": ["not base64"]}),
+        move |i| {
+            let body =
+                format!(r#"{{"type":"invoice.paid","data":{{"id":"in_{i}"}}}}"#).into_bytes();
+            let ts = now();
+            let id = format!("msg_{i}");
+            let sig = base64::engine::general_purpose::STANDARD.encode(
+                aws_lc_rs::hmac::sign(
+                    &aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, &key),
+                    &[id.as_bytes(), b".", ts.as_bytes(), b".", &body[..]].concat(),
+                )
+                .as_ref(),
+            );
+            (
+                pairs(vec![
+                    ("webhook-id", id),
+                    ("webhook-timestamp", ts),
+                    ("webhook-signature", format!("v1,{sig}")),
+                ]),
+                body,
+            )
+        },
+    )
+    .await;
+    push_compliance::<sluice_webhook::HmacConfig>(
+        "pc-hmac",
+        json!({"header": "X-Signature", "secrets": ["hm"], "id_header": "X-Id", "type": "com.example.hook"}),
+        json!({"header": "X-Signature", "secrets": ["hm"], "algorithm": "md4"}),
+        |i| {
+            let body = format!("{{\"n\":{i}}}").into_bytes();
+            (
+                pairs(vec![
+                    ("x-signature", hmac_hex(b"hm", &[&body])),
+                    ("x-id", format!("h-{i}")),
+                ]),
+                body,
+            )
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn stripe_slack_and_gerrit_pass_the_push_source_compliance_check() {
+    let ev = String::from_utf8(sample("stripe-charge-succeeded.json")).unwrap();
+    push_compliance::<sluice_webhook::StripeConfig>(
+        "pc-stripe",
+        json!({"secrets": ["whsec_x"]}),
+        json!({"secrets": []}),
+        |i| {
+            let body = ev
+                .replacen("evt_000000000000000000000000", &format!("evt_{i:024}"), 1)
+                .into_bytes();
+            let t = now();
+            let sig = hmac_hex(b"whsec_x", &[t.as_bytes(), b".", &body]);
+            (
+                pairs(vec![
+                    ("content-type", "application/json".to_owned()),
+                    ("stripe-signature", format!("t={t},v1={sig}")),
+                ]),
+                body,
+            )
+        },
+    )
+    .await;
+    let mention = String::from_utf8(sample("slack-event-app_mention.json")).unwrap();
+    push_compliance::<sluice_webhook::SlackConfig>(
+        "pc-slack",
+        json!({"secrets": ["sl"]}),
+        json!({"secrets": []}),
+        |i| {
+            let body = mention
+                .replacen("Ev0LAN670R", &format!("Ev{i:08}"), 1)
+                .into_bytes();
+            let t = now();
+            let sig = hmac_hex(b"sl", &[b"v0:", t.as_bytes(), b":", &body]);
+            (
+                pairs(vec![
+                    ("content-type", "application/json".to_owned()),
+                    ("x-slack-request-timestamp", t),
+                    ("x-slack-signature", format!("v0={sig}")),
+                ]),
+                body,
+            )
+        },
+    )
+    .await;
+    let auth = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("gerrit:pw")
+    );
+    let patchset: Value = serde_json::from_slice(&sample("gerrit-patchset-created.json")).unwrap();
+    push_compliance::<sluice_webhook::GerritConfig>(
+        "pc-gerrit",
+        json!({"auth": {"basic": {"username": "gerrit", "password": "pw"}}}),
+        json!({"auth": {}}),
+        |i| {
+            // The id is the hash of the body: another delivery is another body.
+            let mut body = patchset.clone();
+            body["eventCreatedOn"] = json!(1_700_000_000 + i);
+            (
+                pairs(vec![
+                    ("content-type", "application/json".to_owned()),
+                    ("authorization", auth.clone()),
+                ]),
+                serde_json::to_vec(&body).unwrap(),
+            )
+        },
+    )
+    .await;
+}
