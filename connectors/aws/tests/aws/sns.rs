@@ -429,3 +429,36 @@ async fn sns_endpoint_serves_https() {
     assert_eq!(answer.await.unwrap(), 200);
     super::stop(rig, task).await;
 }
+
+/// The shared push-source compliance check (`testkit::http_push_source_compliance`) on the
+/// SNS endpoint, with notifications signed as SNS signs them.
+#[tokio::test]
+async fn sns_passes_the_push_source_compliance_check() {
+    let signer = Signer::start().await;
+    let port = free_port();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let cfg = json!({
+        "listen": addr.to_string(),
+        "topic_arns": [TOPIC],
+        "cert_hosts": [format!("localhost:{}", signer.port)],
+        "ca": signer.pki.dir.path().join("ca.pem"),
+        "ack_timeout": "5s",
+    });
+    testkit::http_push_source_compliance::<SnsSourceConfig>(
+        "sns-compliance",
+        cfg,
+        json!({"topic_arns": []}),
+        addr,
+        "/sns",
+        |i| {
+            let body = signer
+                .notification(2, TOPIC, &format!("m-{i}"), "{\"n\":1}", chrono::Utc::now())
+                .to_string();
+            (
+                vec![("content-type".to_owned(), "text/plain".to_owned())],
+                body.into_bytes(),
+            )
+        },
+    )
+    .await;
+}
