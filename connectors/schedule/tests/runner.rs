@@ -247,3 +247,40 @@ fn config_errors_are_clear() {
     assert!(bad(json!({"interval": "1s", "exclusion_dates": ["xmas"]})).contains("exclusion date"));
     assert!(bad(json!({"interval": "1s", "metadata": {"Bad.Key": "x"}})).contains("metadata"));
 }
+
+/// The push-source compliance check as it applies to a schedule (its "sender" is the clock):
+/// a bad config is refused with a reason; a slot counts only once delivered (no later slot is
+/// emitted while one waits, however long); two instances name a slot alike, so the pipeline's
+/// dedup takes it once; a slot taken before the shutdown is still settled, and the source
+/// returns by itself; the standard telemetry.
+#[tokio::test(start_paused = true)]
+async fn passes_the_push_source_compliance_check() {
+    use sluice_core::SourceConfig;
+    let bad = config(json!({"interval": "10s", "cron": "* * * * *"}));
+    let msg = bad.validate("c").unwrap_err();
+    assert!(!msg.trim().is_empty());
+
+    let cfg = config(json!({"interval": "1s"}));
+    let (run, mut cap) = start("comply", &cfg, "2026-01-01T00:00:00.500Z", None);
+    let first = cap.next_within(Duration::from_secs(5)).await;
+    assert_eq!(first.event.id, "comply:2026-01-01T00:00:01Z");
+    // Held for 10 slots' time: nothing after it is emitted meanwhile.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        cap.try_next().is_none(),
+        "a later slot overtook an unsettled one"
+    );
+    first.delivery.delivered();
+    let second = cap.next_within(Duration::from_secs(5)).await;
+    assert_eq!(second.event.id, "comply:2026-01-01T00:00:02Z");
+
+    // Taken before the shutdown, settled after it; the source returns by itself.
+    run.rig.shutdown.cancel();
+    second.delivery.delivered();
+    tokio::time::timeout(Duration::from_secs(10), run.task)
+        .await
+        .expect("the schedule returned after the shutdown")
+        .unwrap()
+        .unwrap();
+    assert!(metric("sluice_events_received_total", &[("source", "comply")]) >= 2.0);
+}
