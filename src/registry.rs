@@ -120,6 +120,9 @@ pub struct Kind {
     /// The Argo Events types this kind runs (`sluice run -f`): EventSource types for a
     /// source, trigger types for a sink.
     pub argo: Vec<(&'static str, ArgoMap)>,
+    /// The Rust type of its options (`sluice_webhook::WebhookConfig`).
+    #[allow(dead_code)]
+    pub config_type: &'static str,
 }
 
 /// How one Argo type maps onto a kind's options (the connector crate's `argo` module).
@@ -193,6 +196,7 @@ fn source<T: SourceConfig>(name: &'static str, description: &'static str) -> Kin
         parse_sink: no_sink,
         parse_processor: no_processor,
         argo: Vec::new(),
+        config_type: std::any::type_name::<T>(),
     }
 }
 
@@ -206,6 +210,7 @@ fn sink<T: SinkConfig>(name: &'static str, description: &'static str) -> Kind {
         parse_sink: parse_sink::<T>,
         parse_processor: no_processor,
         argo: Vec::new(),
+        config_type: std::any::type_name::<T>(),
     }
 }
 
@@ -219,6 +224,7 @@ fn processor<T: ProcessorConfig>(name: &'static str, description: &'static str) 
         parse_sink: no_sink,
         parse_processor: parse_processor::<T>,
         argo: Vec::new(),
+        config_type: std::any::type_name::<T>(),
     }
 }
 
@@ -456,4 +462,85 @@ pub fn kinds() -> Vec<Kind> {
         #[cfg(feature = "console")]
         sink::<sluice_console::NullConfig>("null", "accepts and discards every event (benchmarks)"),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    /// Kinds the shared compliance checks do not fit, each with the reason.
+    const NO_COMPLIANCE_KIT: [(&str, Role, &str); 7] = [
+        ("nats", Role::Source, "core NATS is at-most-once: nothing is acknowledged upstream, so there is no redelivery to check (tests/sources.rs covers its drops and drain)"),
+        ("redis", Role::Source, "Redis Pub/Sub is at-most-once: nothing is acknowledged upstream (tests/redis.rs covers its drops)"),
+        ("k8s", Role::Source, "a watch acknowledges nothing upstream; what it must not miss across a restart is tests/envtest.rs `the_source_misses_nothing_across_a_restart`"),
+        ("log", Role::Sink, "its peer is stdout: tests/e2e.rs checks its lines through the binary"),
+        ("null", Role::Sink, "it discards by design: there is no peer to hold anything"),
+        ("set", Role::Processor, "processors are checked through the pipeline rig (ack chaining), not a peer"),
+        ("sensor", Role::Processor, "processors are checked through the pipeline rig (ack chaining), not a peer"),
+    ];
+
+    fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                rs_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    /// Every kind `sluice connectors` lists has a docs page, a README row and a run of the
+    /// shared compliance check for its role (or a reason in `NO_COMPLIANCE_KIT`).
+    #[test]
+    fn every_kind_has_docs_a_readme_row_and_a_compliance_run() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let mut missing = Vec::new();
+        for k in kinds() {
+            let page = format!("docs/connectors/{}.md", k.name);
+            if !root.join(&page).exists() {
+                missing.push(format!("{} {}: no {page}", k.role, k.name));
+            }
+            if !readme.contains(&format!("({page})")) {
+                missing.push(format!(
+                    "{} {}: no README row linking {page}",
+                    k.role, k.name
+                ));
+            }
+            if NO_COMPLIANCE_KIT
+                .iter()
+                .any(|(n, r, _)| *n == k.name && *r == k.role)
+            {
+                continue;
+            }
+            // `sluice_webhook::providers::github::GithubConfig` → connectors/webhook, GithubConfig.
+            let krate = k.config_type.split("::").next().unwrap_or("");
+            let short = k.config_type.rsplit("::").next().unwrap_or("");
+            let dir = root
+                .join("connectors")
+                .join(krate.trim_start_matches("sluice_"));
+            let mut files = Vec::new();
+            rs_files(&dir.join("tests"), &mut files);
+            let ran = files.iter().any(|f| {
+                let text = std::fs::read_to_string(f).unwrap_or_default();
+                text.lines()
+                    .any(|l| l.contains("compliance") && l.contains(short))
+            });
+            if !ran {
+                missing.push(format!(
+                    "{} {}: no compliance run ({short} in a `*compliance*` call under {}/tests)",
+                    k.role,
+                    k.name,
+                    dir.display()
+                ));
+            }
+        }
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
 }

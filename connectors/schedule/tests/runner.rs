@@ -256,7 +256,8 @@ fn config_errors_are_clear() {
 #[tokio::test(start_paused = true)]
 async fn passes_the_push_source_compliance_check() {
     use sluice_core::SourceConfig;
-    let bad = config(json!({"interval": "10s", "cron": "* * * * *"}));
+    // The compliance of ScheduleConfig, step 1: a bad config is refused with a reason.
+    let bad: ScheduleConfig = config(json!({"interval": "10s", "cron": "* * * * *"}));
     let msg = bad.validate("c").unwrap_err();
     assert!(!msg.trim().is_empty());
 

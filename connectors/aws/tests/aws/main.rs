@@ -737,3 +737,37 @@ async fn sns_sink_passes_the_sink_compliance_check() {
     )
     .await;
 }
+
+/// The pull-source compliance check on the s3 source (notification mode: an SQS consumer of
+/// the bucket's notifications).
+#[tokio::test]
+async fn s3_source_passes_the_pull_source_compliance_check() {
+    let m = moto().await;
+    let c = sqs(&m).await;
+    let url = queue(&c, "s3-compliance", &[]).await;
+    let mut n = 0;
+    let put = move |k: usize| {
+        let (c, url, start) = (c.clone(), url.clone(), n);
+        n += k;
+        Box::pin(async move {
+            for i in start..start + k {
+                let record = json!({"Records": [{"eventVersion": "2.1", "eventSource": "aws:s3",
+                    "awsRegion": "us-east-1", "eventTime": "2026-12-07T10:00:00.000Z",
+                    "eventName": "ObjectCreated:Put",
+                    "responseElements": {"x-amz-request-id": format!("R{i}"), "x-amz-id-2": format!("I{i}")},
+                    "s3": {"s3SchemaVersion": "1.0", "bucket": {"name": "b", "arn": "arn:aws:s3:::b"},
+                           "object": {"key": format!("k{i}.csv"), "size": 1, "sequencer": "00"}}}]});
+                send(&c, &url, &record.to_string()).await;
+            }
+        }) as sluice_core::BoxFuture<'static, ()>
+    };
+    let mut bad = source_cfg(&m, "s3-compliance");
+    bad["max_messages"] = json!(11);
+    testkit::pull_source_compliance::<S3SourceConfig>(
+        "s3-compliance",
+        source_cfg(&m, "s3-compliance"),
+        bad,
+        put,
+    )
+    .await;
+}
