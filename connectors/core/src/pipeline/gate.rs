@@ -92,13 +92,15 @@ impl Gate {
     }
 }
 
+// The tests run on a paused clock: the sleeps that order their tasks pass exactly, however
+// busy the machine.
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::Arc;
     use std::time::Duration;
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn takes_within_the_bound_and_waits_past_it() {
         let g = Arc::new(Gate::new(10));
         assert!(g.try_take(6));
@@ -118,7 +120,7 @@ mod tests {
         assert!(g.try_take(10));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn waiters_are_served_in_arrival_order_and_a_large_one_is_not_starved() {
         let g = Arc::new(Gate::new(10));
         assert!(g.try_take(10));
@@ -149,7 +151,7 @@ mod tests {
         assert_eq!(g.used(), 0);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_dropped_wait_leaves_the_line() {
         let g = Arc::new(Gate::new(4));
         assert!(g.try_take(4));
