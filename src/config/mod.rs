@@ -11,7 +11,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use indexmap::IndexMap;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use sluice_core::pipeline::wiring::{Attr, DedupScope, Match, RouteSpec, Unrouted};
 use sluice_core::pipeline::WhenFull;
@@ -20,8 +19,18 @@ use yaml_serde::Value;
 
 use crate::registry::{self, DynProcessor, DynSink, DynSource, Role};
 
+mod graph;
+mod positions;
+mod substitute;
+
+use graph::processor_graph;
+use positions::strip_location;
+pub use positions::suggest;
+pub(crate) use positions::{Ctx, Positions};
+use substitute::substitute_all;
+
 /// The embedded default configuration: a webhook on 0.0.0.0:12000 → log.
-pub const DEFAULT_CONFIG: &str = include_str!("../config/default.yaml");
+pub const DEFAULT_CONFIG: &str = include_str!("../../config/default.yaml");
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pos {
@@ -302,347 +311,6 @@ pub fn resolve(path: Option<&Path>) -> Result<(String, String), ConfigErrors> {
     Ok((name, text))
 }
 
-/// Positions of keys and values, by dotted path (`sources.hooks.listen`, `routes.0.to.1`).
-#[derive(Default)]
-pub(crate) struct Positions {
-    keys: HashMap<String, Pos>,
-    values: HashMap<String, Pos>,
-}
-
-impl Positions {
-    fn index(text: &str) -> (Positions, Vec<(Pos, String)>) {
-        Positions::index_all(text)
-            .into_iter()
-            .next()
-            .unwrap_or_default()
-    }
-
-    /// The positions of every document of a multi-document text, in order.
-    pub(crate) fn index_all(text: &str) -> Vec<(Positions, Vec<(Pos, String)>)> {
-        use saphyr_parser::{Event, Parser};
-        enum Frame {
-            Map {
-                path: String,
-                key: Option<String>,
-                seen: HashMap<String, Pos>,
-            },
-            Seq {
-                path: String,
-                idx: usize,
-            },
-        }
-        fn join(parent: &str, seg: &str) -> String {
-            if parent.is_empty() {
-                seg.to_owned()
-            } else {
-                format!("{parent}.{seg}")
-            }
-        }
-        let mut docs: Vec<(Positions, Vec<(Pos, String)>)> = Vec::new();
-        let mut pos = Positions::default();
-        let mut dups = Vec::new();
-        let mut stack: Vec<Frame> = Vec::new();
-        let mut started = false;
-        // Returns the path of the node that starts now, recording its position; None for a key.
-        let node_start = |stack: &mut Vec<Frame>,
-                          scalar: Option<&str>,
-                          at: Pos,
-                          pos: &mut Positions,
-                          dups: &mut Vec<(Pos, String)>|
-         -> Option<String> {
-            match stack.last_mut() {
-                None => Some(String::new()),
-                Some(Frame::Seq { path, idx }) => {
-                    let p = join(path, &idx.to_string());
-                    *idx += 1;
-                    pos.values.insert(p.clone(), at);
-                    Some(p)
-                }
-                Some(Frame::Map { path, key, seen }) => match key.take() {
-                    None => {
-                        let k = scalar.unwrap_or("?").to_owned();
-                        if let Some(first) = seen.get(&k) {
-                            dups.push((
-                                at,
-                                format!("duplicate key `{k}` (first at line {})", first.line),
-                            ));
-                        }
-                        seen.insert(k.clone(), at);
-                        pos.keys.insert(join(path, &k), at);
-                        *key = Some(k);
-                        None
-                    }
-                    Some(k) => {
-                        let p = join(path, &k);
-                        pos.values.insert(p.clone(), at);
-                        Some(p)
-                    }
-                },
-            }
-        };
-        for item in Parser::new_from_str(text) {
-            let Ok((ev, span)) = item else { break };
-            let at = Pos {
-                line: span.start.line(),
-                col: span.start.col() + 1,
-            };
-            match ev {
-                Event::Scalar(s, ..) => {
-                    node_start(&mut stack, Some(&s), at, &mut pos, &mut dups);
-                }
-                Event::Alias(_) => {
-                    node_start(&mut stack, None, at, &mut pos, &mut dups);
-                }
-                Event::MappingStart(..) => {
-                    let path =
-                        node_start(&mut stack, None, at, &mut pos, &mut dups).unwrap_or_default();
-                    stack.push(Frame::Map {
-                        path,
-                        key: None,
-                        seen: HashMap::new(),
-                    });
-                }
-                Event::SequenceStart(..) => {
-                    let path =
-                        node_start(&mut stack, None, at, &mut pos, &mut dups).unwrap_or_default();
-                    stack.push(Frame::Seq { path, idx: 0 });
-                }
-                Event::MappingEnd | Event::SequenceEnd => {
-                    stack.pop();
-                }
-                Event::DocumentStart(..) => started = true,
-                Event::DocumentEnd => {
-                    docs.push((std::mem::take(&mut pos), std::mem::take(&mut dups)));
-                    stack.clear();
-                    started = false;
-                }
-                _ => {}
-            }
-        }
-        if started || docs.is_empty() {
-            docs.push((pos, dups));
-        }
-        docs
-    }
-
-    /// Records `p` as the position of `path` (key and value).
-    pub(crate) fn set(&mut self, path: &str, p: Pos) {
-        self.keys.insert(path.to_owned(), p);
-        self.values.insert(path.to_owned(), p);
-    }
-
-    /// The best position for an error at `path`: the key for unknown keys, the value otherwise,
-    /// falling back to the nearest parent.
-    pub(crate) fn find(&self, path: &[String], prefer_key: bool) -> Option<Pos> {
-        let mut segs = path.to_vec();
-        loop {
-            let p = segs.join(".");
-            let hit = if prefer_key {
-                self.keys.get(&p).or_else(|| self.values.get(&p))
-            } else {
-                self.values.get(&p).or_else(|| self.keys.get(&p))
-            };
-            if hit.is_some() || segs.is_empty() {
-                return hit.copied();
-            }
-            segs.pop();
-        }
-    }
-}
-
-/// Collects located errors while a file is parsed.
-pub(crate) struct Ctx<'a> {
-    file: &'a str,
-    pos: Positions,
-    /// Entries that came from another file (Argo manifests): `section.name` → that file and
-    /// the positions of the entry's paths in it.
-    elsewhere: HashMap<String, (String, Positions)>,
-    errors: Vec<ConfigError>,
-}
-
-impl Ctx<'_> {
-    fn err(&mut self, path: &[String], prefer_key: bool, msg: impl Into<String>) {
-        let (file, pos) = match path.get(..2).and_then(|p| self.elsewhere.get(&p.join("."))) {
-            Some((file, pos)) => (file.clone(), pos.find(path, prefer_key)),
-            None => (self.file.to_owned(), self.pos.find(path, prefer_key)),
-        };
-        self.errors.push(ConfigError {
-            file,
-            pos,
-            msg: msg.into(),
-        });
-    }
-
-    /// A connector's `validate` error. When its message starts with the dotted path of the
-    /// option it is about (`triggers.0.conditions: …`), it is placed at that option; otherwise
-    /// at the connector's key.
-    fn connector_err(&mut self, base: &[String], shown: String, msg: &str) {
-        let path = msg.split_once(": ").map(|(p, _)| p).filter(|p| {
-            !p.is_empty()
-                && p.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        });
-        match path {
-            Some(p) => {
-                let full: Vec<String> = base.iter().cloned().chain(p.split('.').map(seg)).collect();
-                self.err(&full, false, shown)
-            }
-            None => self.err(base, true, shown),
-        }
-    }
-
-    /// Deserializes `value` (found at `base`) into `T`, recording a located error on failure.
-    pub(crate) fn de<T: DeserializeOwned>(&mut self, value: Value, base: &[String]) -> Option<T> {
-        match serde_path_to_error::deserialize::<_, T>(value) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                let mut path = base.to_vec();
-                for seg in e.path().iter() {
-                    use serde_path_to_error::Segment;
-                    match seg {
-                        Segment::Map { key } => path.push(key.clone()),
-                        Segment::Seq { index } => path.push(index.to_string()),
-                        Segment::Enum { variant } => path.push(variant.clone()),
-                        Segment::Unknown => {}
-                    }
-                }
-                let msg = e.inner().to_string();
-                let unknown = msg.starts_with("unknown field");
-                let msg = with_hint(strip_location(&msg));
-                let shown = if path.is_empty() {
-                    msg
-                } else {
-                    format!("{}: {msg}", path.join("."))
-                };
-                self.err(&path, unknown, shown);
-                None
-            }
-        }
-    }
-}
-
-/// yaml_serde appends "at line N column M" where it knows; we print our own location.
-fn strip_location(msg: &str) -> &str {
-    match msg.find(" at line ") {
-        Some(i) => &msg[..i],
-        None => msg,
-    }
-}
-
-/// Adds "did you mean `x`?" to serde's "unknown field/variant `y`, expected ..." messages.
-fn with_hint(msg: &str) -> String {
-    let (Some(start), Some(exp)) = (msg.find('`'), msg.find("expected")) else {
-        return msg.to_owned();
-    };
-    if !(msg.starts_with("unknown field") || msg.starts_with("unknown variant")) {
-        return msg.to_owned();
-    }
-    let bad = msg[start + 1..].split('`').next().unwrap_or("");
-    let candidates: Vec<&str> = msg[exp..].split('`').skip(1).step_by(2).collect();
-    match suggest(bad, candidates.iter().copied()) {
-        Some(s) => format!("{msg} (did you mean `{s}`?)"),
-        None => msg.to_owned(),
-    }
-}
-
-/// The closest candidate to `bad`, if one is close enough to be a likely misspelling.
-pub fn suggest<'a>(bad: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
-    // Close by edit distance (a typo or a swapped pair), or sharing a long prefix.
-    candidates
-        .map(|c| {
-            let edits = strsim::damerau_levenshtein(bad, c);
-            let ok =
-                edits <= (bad.len().max(c.len()) / 3).max(1) || strsim::jaro_winkler(bad, c) > 0.9;
-            (edits, c, ok)
-        })
-        .filter(|(_, _, ok)| *ok)
-        .min_by_key(|(edits, _, _)| *edits)
-        .map(|(_, c, _)| c)
-}
-
-/// Replaces `${VAR}`, `${VAR:-default}` and `${file:PATH}` in every string; `$${` is a
-/// literal `${`.
-fn substitute_all(
-    value: &mut Value,
-    path: &mut Vec<String>,
-    errors: &mut Vec<(Vec<String>, String)>,
-) {
-    match value {
-        Value::String(s) if s.contains('$') => match substitute(s) {
-            Ok(new) => *s = new,
-            Err(e) => errors.push((path.clone(), e)),
-        },
-        Value::Sequence(seq) => {
-            for (i, v) in seq.iter_mut().enumerate() {
-                path.push(i.to_string());
-                substitute_all(v, path, errors);
-                path.pop();
-            }
-        }
-        Value::Mapping(map) => {
-            for (k, v) in map.iter_mut() {
-                path.push(k.as_str().unwrap_or("?").to_owned());
-                substitute_all(v, path, errors);
-                path.pop();
-            }
-        }
-        Value::Tagged(t) => substitute_all(&mut t.value, path, errors),
-        _ => {}
-    }
-}
-
-pub fn substitute(s: &str) -> Result<String, String> {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        if let Some(tail) = after.strip_prefix("${") {
-            out.push_str("${");
-            rest = tail;
-        } else if let Some(body) = after.strip_prefix('{') {
-            let end = body
-                .find('}')
-                .ok_or_else(|| format!("unterminated `${{` in {s:?}"))?;
-            out.push_str(&resolve_token(&body[..end])?);
-            rest = &body[end + 1..];
-        } else {
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    Ok(out)
-}
-
-fn resolve_token(token: &str) -> Result<String, String> {
-    if let Some(sel) = token.strip_prefix("secret:") {
-        return crate::argo::secret(sel);
-    }
-    if let Some(sel) = token.strip_prefix("secret-file:") {
-        return crate::argo::secret_file(sel);
-    }
-    if let Some(path) = token.strip_prefix("file:") {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read secret file {path:?}: {e}"))?;
-        return Ok(text
-            .strip_suffix('\n')
-            .map_or(text.as_str(), |t| t.strip_suffix('\r').unwrap_or(t))
-            .to_owned());
-    }
-    let (name, default) = match token.split_once(":-") {
-        Some((n, d)) => (n, Some(d)),
-        None => (token, None),
-    };
-    match (std::env::var(name), default) {
-        (Ok(v), _) => Ok(v),
-        (Err(_), Some(d)) => Ok(d.to_owned()),
-        (Err(_), None) => Err(format!(
-            "environment variable {name} is not set (set it, or write ${{{name}:-default}})"
-        )),
-    }
-}
-
 fn seg(s: &str) -> String {
     s.to_owned()
 }
@@ -705,50 +373,7 @@ pub fn parse_with(file: &str, text: &str, generated: Generated) -> Result<Config
         elsewhere: HashMap::new(),
         errors: Vec::new(),
     };
-    for (section, name, value, from, positions) in generated.entries {
-        let key = format!("{section}.{name}");
-        let Value::Mapping(root_map) = &mut root else {
-            break;
-        };
-        let sec = root_map
-            .entry(Value::String(section.clone()))
-            .or_insert_with(|| Value::Mapping(Default::default()));
-        if sec.is_null() {
-            *sec = Value::Mapping(Default::default());
-        }
-        let Value::Mapping(sec) = sec else { continue };
-        if sec.contains_key(name.as_str()) {
-            cx.err(
-                &[section.clone(), name.clone()],
-                true,
-                format!(
-                    "{key}: `{name}` is declared both here and by {from}; names must be unique"
-                ),
-            );
-            continue;
-        }
-        sec.insert(Value::String(name.clone()), value);
-        cx.elsewhere.insert(key, (from, positions));
-    }
-    if let Value::Mapping(root_map) = &mut root {
-        let routes = root_map
-            .entry(Value::String("routes".into()))
-            .or_insert_with(|| Value::Sequence(Vec::new()));
-        if routes.is_null() {
-            *routes = Value::Sequence(Vec::new());
-        }
-        if let Value::Sequence(list) = routes {
-            for (route, from, at) in generated.routes {
-                let mut positions = Positions::default();
-                let key = format!("routes.{}", list.len());
-                if let Some(p) = at {
-                    positions.set(&key, p);
-                }
-                cx.elsewhere.insert(key, (from, positions));
-                list.push(route);
-            }
-        }
-    }
+    merge_generated(&mut root, generated, &mut cx);
     let mut sub_errors = Vec::new();
     substitute_all(&mut root, &mut Vec::new(), &mut sub_errors);
     for (path, msg) in sub_errors {
@@ -775,6 +400,131 @@ pub fn parse_with(file: &str, text: &str, generated: Generated) -> Result<Config
         .and_then(|v| cx.de::<HumanDuration>(v, &[seg("shutdown_grace")]))
         .map_or(std::time::Duration::from_secs(30), HumanDuration::get);
 
+    let mut parsed = components(
+        &mut cx,
+        [
+            (Role::Source, "sources", top.sources.unwrap_or_default()),
+            (
+                Role::Processor,
+                "processors",
+                top.processors.unwrap_or_default(),
+            ),
+            (Role::Processor, "sensors", top.sensors.unwrap_or_default()),
+            (Role::Sink, "sinks", top.sinks.unwrap_or_default()),
+        ],
+    );
+    let mut routes = user_routes(&mut cx, &parsed, top.routes.unwrap_or_default());
+    let (addressed, processor_order) = wiring(&mut cx, &parsed, &mut routes);
+    dead_letters(&mut cx, &mut parsed);
+    let Parsed {
+        sources,
+        sinks,
+        processors,
+        ..
+    } = parsed;
+    if pipeline.queue_events == 0 {
+        cx.err(
+            &[seg("pipeline"), seg("queue_events")],
+            false,
+            "pipeline.queue_events: must be at least 1",
+        );
+    }
+    if pipeline.queue_bytes.bytes() == 0 || pipeline.memory_budget.bytes() == 0 {
+        cx.err(
+            &[seg("pipeline")],
+            false,
+            "pipeline: queue_bytes and memory_budget must be above 0",
+        );
+    }
+
+    if !cx.errors.is_empty() {
+        let mut errs = cx.errors;
+        errs.sort_by_key(|e| e.pos.map(|p| (p.line, p.col)));
+        let mut seen = HashSet::new();
+        errs.retain(|e| seen.insert(e.to_string()));
+        return Err(ConfigErrors(errs));
+    }
+    Ok(Config {
+        file: file.to_owned(),
+        admin,
+        state_dir,
+        pipeline,
+        shutdown_grace,
+        sources,
+        sinks,
+        processors,
+        processor_order,
+        routes,
+        addressed,
+    })
+}
+
+/// What the component sections became, with what routes and errors need to know.
+struct Parsed {
+    sources: Vec<SourceEntry>,
+    sinks: Vec<SinkEntry>,
+    processors: Vec<ProcessorEntry>,
+    /// Per processor: the config path it was declared at (`processors.x`, `sensors.y`).
+    processor_paths: Vec<Vec<String>>,
+    /// Declared names per section, parsed or not: a route to a sink whose own config is wrong
+    /// is not a second error.
+    declared: HashMap<&'static str, Vec<String>>,
+}
+
+/// Adds the entries and routes made from other files (Argo manifests) to the root mapping.
+fn merge_generated(root: &mut Value, generated: Generated, cx: &mut Ctx<'_>) {
+    for (section, name, value, from, positions) in generated.entries {
+        let key = format!("{section}.{name}");
+        let Value::Mapping(root_map) = root else {
+            break;
+        };
+        let sec = root_map
+            .entry(Value::String(section.clone()))
+            .or_insert_with(|| Value::Mapping(Default::default()));
+        if sec.is_null() {
+            *sec = Value::Mapping(Default::default());
+        }
+        let Value::Mapping(sec) = sec else { continue };
+        if sec.contains_key(name.as_str()) {
+            cx.err(
+                &[section.clone(), name.clone()],
+                true,
+                format!(
+                    "{key}: `{name}` is declared both here and by {from}; names must be unique"
+                ),
+            );
+            continue;
+        }
+        sec.insert(Value::String(name.clone()), value);
+        cx.elsewhere.insert(key, (from, positions));
+    }
+    if let Value::Mapping(root_map) = root {
+        let routes = root_map
+            .entry(Value::String("routes".into()))
+            .or_insert_with(|| Value::Sequence(Vec::new()));
+        if routes.is_null() {
+            *routes = Value::Sequence(Vec::new());
+        }
+        if let Value::Sequence(list) = routes {
+            for (route, from, at) in generated.routes {
+                let mut positions = Positions::default();
+                let key = format!("routes.{}", list.len());
+                if let Some(p) = at {
+                    positions.set(&key, p);
+                }
+                cx.elsewhere.insert(key, (from, positions));
+                list.push(route);
+            }
+        }
+    }
+}
+
+/// Parses `sources`, `processors`, `sensors` and `sinks`: each entry's kind, common options and
+/// its connector's own, validated.
+fn components(
+    cx: &mut Ctx<'_>,
+    sections: [(Role, &'static str, IndexMap<String, Value>); 4],
+) -> Parsed {
     let kinds = registry::kinds();
     let mut sources = Vec::new();
     let mut sinks = Vec::new();
@@ -785,16 +535,7 @@ pub fn parse_with(file: &str, text: &str, generated: Generated) -> Result<Config
     // Declared names, parsed or not: a route to a sink whose own config is wrong is not a
     // second error.
     let mut declared: HashMap<&'static str, Vec<String>> = HashMap::new();
-    for (role, section, map) in [
-        (Role::Source, "sources", top.sources.unwrap_or_default()),
-        (
-            Role::Processor,
-            "processors",
-            top.processors.unwrap_or_default(),
-        ),
-        (Role::Processor, "sensors", top.sensors.unwrap_or_default()),
-        (Role::Sink, "sinks", top.sinks.unwrap_or_default()),
-    ] {
+    for (role, section, map) in sections {
         for (name, value) in map {
             let base = vec![seg(section), name.clone()];
             // Sensors are processors: routes and errors treat them as such.
@@ -890,8 +631,7 @@ pub fn parse_with(file: &str, text: &str, generated: Generated) -> Result<Config
             };
             match role {
                 Role::Source => {
-                    let Some(cfg) = (entry.parse_source)(Value::Mapping(map), &base, &mut cx)
-                    else {
+                    let Some(cfg) = (entry.parse_source)(Value::Mapping(map), &base, cx) else {
                         continue;
                     };
                     if let Err(msg) = cfg.validate(&name) {
@@ -906,8 +646,7 @@ pub fn parse_with(file: &str, text: &str, generated: Generated) -> Result<Config
                 Role::Processor => {
                     let common = take_keys(&mut map, &PROCESSOR_COMMON_KEYS);
                     let common: ProcessorCommon = cx.de(common, &base).unwrap_or_default();
-                    let Some(cfg) = (entry.parse_processor)(Value::Mapping(map), &base, &mut cx)
-                    else {
+                    let Some(cfg) = (entry.parse_processor)(Value::Mapping(map), &base, cx) else {
                         continue;
                     };
                     if let Err(msg) = cfg.validate(&name) {
@@ -924,7 +663,7 @@ pub fn parse_with(file: &str, text: &str, generated: Generated) -> Result<Config
                 Role::Sink => {
                     let common = take_keys(&mut map, &SINK_COMMON_KEYS);
                     let common: SinkCommon = cx.de(common, &base).unwrap_or_default();
-                    let Some(cfg) = (entry.parse_sink)(Value::Mapping(map), &base, &mut cx) else {
+                    let Some(cfg) = (entry.parse_sink)(Value::Mapping(map), &base, cx) else {
                         continue;
                     };
                     if let Err(msg) = cfg.validate(&name) {
@@ -942,9 +681,21 @@ pub fn parse_with(file: &str, text: &str, generated: Generated) -> Result<Config
         }
     }
 
+    Parsed {
+        sources,
+        sinks,
+        processors,
+        processor_paths,
+        declared,
+    }
+}
+
+/// The `routes` section, resolved against the declared names.
+fn user_routes(cx: &mut Ctx<'_>, p: &Parsed, list: Vec<Value>) -> Vec<RouteSpec> {
+    let (sources, sinks, processors, declared) = (&p.sources, &p.sinks, &p.processors, &p.declared);
     let any_processor = declared.contains_key("processors");
     let mut routes = Vec::new();
-    for (i, value) in top.routes.unwrap_or_default().into_iter().enumerate() {
+    for (i, value) in list.into_iter().enumerate() {
         let base = vec![seg("routes"), i.to_string()];
         let Some(r) = cx.de::<RouteConfig>(value, &base) else {
             continue;
@@ -1031,6 +782,23 @@ pub fn parse_with(file: &str, text: &str, generated: Generated) -> Result<Config
         routes.push(RouteSpec { from, to, matches });
     }
 
+    routes
+}
+
+/// The routes and addressed pairs processors imply (a sensor's inputs and trigger sinks), the
+/// check that every processor is fed, and the processors' topological order.
+fn wiring(
+    cx: &mut Ctx<'_>,
+    p: &Parsed,
+    routes: &mut Vec<RouteSpec>,
+) -> (Vec<(usize, usize)>, Vec<usize>) {
+    let (sources, sinks, processors, declared, processor_paths) = (
+        &p.sources,
+        &p.sinks,
+        &p.processors,
+        &p.declared,
+        &p.processor_paths,
+    );
     // The routes processors imply: a route from each stage a processor reads (a sensor's
     // dependency sources) and an addressed pair to each sink it names (its trigger targets).
     let mut addressed = Vec::new();
@@ -1157,6 +925,12 @@ pub fn parse_with(file: &str, text: &str, generated: Generated) -> Result<Config
             }
         };
 
+    (addressed, processor_order)
+}
+
+/// Resolves each sink's `dead_letter` to an index, refusing chains and self-references.
+fn dead_letters(cx: &mut Ctx<'_>, p: &mut Parsed) {
+    let (sinks, declared) = (&mut p.sinks, &p.declared);
     let no_names = Vec::new();
     let declared_sinks = declared.get("sinks").unwrap_or(&no_names);
     let sink_names: Vec<String> = sinks.iter().map(|s| s.name.clone()).collect();
@@ -1193,42 +967,6 @@ pub fn parse_with(file: &str, text: &str, generated: Generated) -> Result<Config
             }
         }
     }
-
-    if pipeline.queue_events == 0 {
-        cx.err(
-            &[seg("pipeline"), seg("queue_events")],
-            false,
-            "pipeline.queue_events: must be at least 1",
-        );
-    }
-    if pipeline.queue_bytes.bytes() == 0 || pipeline.memory_budget.bytes() == 0 {
-        cx.err(
-            &[seg("pipeline")],
-            false,
-            "pipeline: queue_bytes and memory_budget must be above 0",
-        );
-    }
-
-    if !cx.errors.is_empty() {
-        let mut errs = cx.errors;
-        errs.sort_by_key(|e| e.pos.map(|p| (p.line, p.col)));
-        let mut seen = HashSet::new();
-        errs.retain(|e| seen.insert(e.to_string()));
-        return Err(ConfigErrors(errs));
-    }
-    Ok(Config {
-        file: file.to_owned(),
-        admin,
-        state_dir,
-        pipeline,
-        shutdown_grace,
-        sources,
-        sinks,
-        processors,
-        processor_order,
-        routes,
-        addressed,
-    })
 }
 
 /// Moves `keys` out of a connector's mapping into a mapping of their own (the options every
@@ -1241,63 +979,6 @@ fn take_keys(map: &mut yaml_serde::Mapping, keys: &[&str]) -> Value {
         }
     }
     Value::Mapping(common)
-}
-
-/// The processors in topological order (each after every processor that routes to it), or the
-/// route that closes a cycle with the processors on it (the first one again at the end).
-fn processor_graph(
-    routes: &[RouteSpec],
-    n_sources: usize,
-    n_sinks: usize,
-    n: usize,
-) -> Result<Vec<usize>, (usize, Vec<usize>)> {
-    // edges[p] = (q, route index)
-    let mut edges: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n];
-    for (i, r) in routes.iter().enumerate() {
-        for p in r.from.iter().filter_map(|&f| f.checked_sub(n_sources)) {
-            for q in r.to.iter().filter_map(|&t| t.checked_sub(n_sinks)) {
-                if p < n && q < n {
-                    edges[p].push((q, i));
-                }
-            }
-        }
-    }
-    // Depth-first: 0 unvisited, 1 on the stack, 2 done. A back edge closes a cycle.
-    fn visit(
-        p: usize,
-        edges: &[Vec<(usize, usize)>],
-        state: &mut [u8],
-        stack: &mut Vec<usize>,
-        post: &mut Vec<usize>,
-    ) -> Result<(), (usize, Vec<usize>)> {
-        state[p] = 1;
-        stack.push(p);
-        for &(q, route) in &edges[p] {
-            match state[q] {
-                0 => visit(q, edges, state, stack, post)?,
-                1 => {
-                    let from = stack.iter().position(|&x| x == q).unwrap_or(0);
-                    let mut cycle = stack[from..].to_vec();
-                    cycle.push(q);
-                    return Err((route, cycle));
-                }
-                _ => {}
-            }
-        }
-        stack.pop();
-        state[p] = 2;
-        post.push(p);
-        Ok(())
-    }
-    let mut state = vec![0u8; n];
-    let mut post = Vec::with_capacity(n);
-    for p in 0..n {
-        if state[p] == 0 {
-            visit(p, &edges, &mut state, &mut Vec::new(), &mut post)?;
-        }
-    }
-    post.reverse();
-    Ok(post)
 }
 
 /// Names become metric labels and log fields: keep them simple.
@@ -1316,6 +997,7 @@ fn check_name(name: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use super::substitute::substitute;
     use super::*;
 
     fn errors(text: &str) -> Vec<String> {
