@@ -592,9 +592,13 @@ pub fn translate(inputs: &[Input]) -> Translation {
                         let name = format!("{}.{}", doc.name, event);
                         if let Some((bus_name, _)) = &bus {
                             // Argo's Sensors route by the CloudEvent's source and subject.
-                            if native["source"] != json!(doc.name)
-                                || native["subject"] != json!(event)
-                            {
+                            // (The nats source names it `event_subject`: its `subject` is
+                            // what it subscribes to.)
+                            let subject = match native.get("event_subject") {
+                                Some(s) => s,
+                                None => &native["subject"],
+                            };
+                            if native["source"] != json!(doc.name) || *subject != json!(event) {
                                 t.note(
                                     doc,
                                     &path,

@@ -516,3 +516,44 @@ fn two_event_sources_of_one_name_are_refused_and_dead_letter_triggers_get_their_
     assert_eq!(t.native["sinks"]["webhook.parked.dlq"]["kind"], "log");
     crate::config::parse_with("<none>", "", t.generated).unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn broker_sources_publish_to_the_event_bus_with_argo_names_and_providers_are_refused() {
+    let es = "\
+apiVersion: argoproj.io/v1alpha1
+kind: EventSource
+metadata: { name: queues }
+spec:
+  sqs:
+    orders: { queue: q, region: us-east-1, jsonBody: true }
+  nats:
+    ticks: { url: nats://n:4222, subject: ticks }
+";
+    let t = translate(&[input("bus.yaml", BUS), input("es.yaml", es)]);
+    assert!(t.refused.is_empty(), "{:?}", t.refused);
+    assert_eq!(t.native["sources"]["queues.orders"]["subject"], "orders");
+    assert_eq!(
+        t.native["sources"]["queues.ticks"]["event_subject"],
+        "ticks"
+    );
+    assert_eq!(t.native["sources"]["queues.ticks"]["subject"], "ticks");
+    assert_eq!(t.native_routes.len(), 2);
+    crate::config::parse_with("<none>", "", t.generated).unwrap_or_else(|e| panic!("{e}"));
+
+    let gh = "\
+apiVersion: argoproj.io/v1alpha1
+kind: EventSource
+metadata: { name: git }
+spec:
+  github:
+    push: { webhook: { port: \"12000\", endpoint: /push }, webhookSecret: { name: s, key: k } }
+";
+    let t = translate(&[input("bus.yaml", BUS), input("gh.yaml", gh)]);
+    assert!(
+        t.refused[0]
+            .msg
+            .contains("cannot publish to the EventBus yet"),
+        "{:?}",
+        t.refused
+    );
+}

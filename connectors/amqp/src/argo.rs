@@ -10,7 +10,6 @@ use sluice_core::argo::map::{
 /// event), consumed with acknowledgements after delivery.
 pub fn source(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     let mut out = argo_source(ctx, f);
-    out.remove("subject");
     let url = match (f.str("url"), f.secret("urlSecret")) {
         (Some(u), _) | (None, Some(u)) => Some(u),
         (None, None) => {

@@ -33,8 +33,6 @@ fn connection(f: &mut Fields, out: &mut Map<String, Value>) {
 /// Argo's `sqs` EventSource.
 pub fn sqs(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     let mut out = argo_source(ctx, f);
-    // The sqs kind's `format: argo` subject is the source's own name.
-    out.remove("subject");
     connection(f, &mut out);
     let queue = f.str("queue");
     let account = f.str("queueAccountId");

@@ -92,6 +92,9 @@ aws_options! {
         /// `source` of events made from plain messages. Default: the queue ARN.
         #[serde(rename = "source")]
         pub event_source: Option<String>,
+        /// `argo`: the events' `subject` (Argo's event name). Default: the source's name.
+        #[serde(rename = "subject")]
+        pub event_subject: Option<String>,
     }
 }
 
@@ -240,6 +243,8 @@ struct Plain {
     ty: String,
     source: Option<String>,
     name: String,
+    /// `argo`: the events' subject.
+    subject: String,
     format: Format,
     json_body: bool,
     metadata: Vec<u8>,
@@ -269,7 +274,7 @@ impl Decode for Plain {
                 self.source.as_deref().unwrap_or(&self.name),
                 &*self.ty,
             )
-            .with_subject(&*self.name)
+            .with_subject(&*self.subject)
             .with_time(
                 r.sent
                     .map(Timestamp::from_utc)
@@ -330,6 +335,10 @@ impl SourceConfig for SqsSourceConfig {
             }),
             source: self.event_source.clone(),
             name: ctx.name.clone(),
+            subject: self
+                .event_subject
+                .clone()
+                .unwrap_or_else(|| ctx.name.clone()),
             format: self.format,
             json_body: self.json_body,
             metadata: serde_json::to_vec(&self.metadata).unwrap_or_else(|_| b"{}".to_vec()),

@@ -68,7 +68,6 @@ fn security(f: &mut Fields) -> Map<String, Value> {
 /// Argo's `kafka` EventSource.
 pub fn source(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     let mut out = argo_source(ctx, f);
-    out.remove("subject");
     match f.str("url") {
         Some(u) => {
             out.insert("brokers".into(), json!(u));

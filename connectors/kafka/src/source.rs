@@ -117,6 +117,9 @@ pub struct KafkaSourceConfig {
     /// `source` of events made from plain records. Default: the source's name.
     #[serde(rename = "source")]
     pub event_source: Option<String>,
+    /// `argo`: the events' `subject` (Argo's event name). Default: the source's name.
+    #[serde(rename = "subject")]
+    pub event_subject: Option<String>,
     /// Any librdkafka consumer property, passed through (`security.protocol`, `sasl.*`,
     /// `ssl.*`, `fetch.max.bytes`, ...). Offsets are ours: `enable.auto.commit` and
     /// `enable.auto.offset.store` cannot be turned on.
@@ -289,6 +292,7 @@ impl SourceConfig for KafkaSourceConfig {
             let source = KafkaSource {
                 ty: Str::new(self.event_type.as_deref().unwrap_or("kafka")),
                 source: Str::new(self.event_source.as_deref().unwrap_or(&name)),
+                subject: Str::new(self.event_subject.as_deref().unwrap_or(&name)),
                 format: self.format,
                 json_body: self.json_body,
                 metadata: Arc::from(metadata),
@@ -660,6 +664,8 @@ struct KafkaSource {
     /// from a `&str` goes through a `memcpy` call.
     ty: Str,
     source: Str,
+    /// `argo`: the events' subject.
+    subject: Str,
     format: SourceFormat,
     json_body: bool,
     metadata: Arc<[u8]>,
@@ -703,7 +709,7 @@ impl KafkaSource {
             data.push(b'}');
             return Ok(Box::new(
                 Event::new(id, self.source.clone(), self.ty.clone())
-                    .with_subject(&*self.name)
+                    .with_subject(self.subject.clone())
                     .with_time(
                         r.received
                             .as_deref()

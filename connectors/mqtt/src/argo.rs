@@ -8,7 +8,6 @@ use sluice_core::argo::map::{
 /// Argo's `mqtt` EventSource: `url`, `topic`, `clientId`, `auth`, `tls`, `jsonBody`.
 pub fn source(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     let mut out = argo_source(ctx, f);
-    out.remove("subject");
     let tls = tls_files(f);
     match f.str("url") {
         Some(u) => {

@@ -82,6 +82,9 @@ pub struct MqttSourceConfig {
     /// `source` of events made from plain messages. Default: the source's name.
     #[serde(rename = "source")]
     pub event_source: Option<String>,
+    /// `argo`: the events' `subject` (Argo's event name). Default: the source's name.
+    #[serde(rename = "subject")]
+    pub event_subject: Option<String>,
     pub auth: Option<AuthConfig>,
     pub tls: Option<TlsConfig>,
 }
@@ -347,7 +350,7 @@ impl MqttSource {
             data.extend_from_slice(&self.metadata);
             data.push(b'}');
             let e = Event::new(id, &*self.source, &*self.ty)
-                .with_subject(&*self.name)
+                .with_subject(self.cfg.event_subject.as_deref().unwrap_or(&self.name))
                 .with_time(time)
                 .with_json(data);
             return Ok((e, Some(minted)));

@@ -46,7 +46,10 @@ fn connection(f: &mut Fields, out: &mut Map<String, Value>) {
 /// Argo's `nats` EventSource (core NATS).
 pub fn source(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     let mut out = argo_source(ctx, f);
-    out.remove("subject");
+    // `subject` is what the source subscribes to; the events' subject is `event_subject`.
+    if let Some(event) = out.remove("subject") {
+        out.insert("event_subject".into(), event);
+    }
     connection(f, &mut out);
     match f.str("subject") {
         Some(s) => {

@@ -517,6 +517,10 @@ pub struct NatsSourceConfig {
     /// `source` of events made from plain messages. Default: the source's name.
     #[serde(rename = "source")]
     pub event_source: Option<String>,
+    /// `argo`: the events' `subject` (Argo's event name; `subject` is what is subscribed to).
+    /// Default: the source's name.
+    #[serde(default)]
+    pub event_subject: Option<String>,
     pub auth: Option<AuthConfig>,
     pub tls: Option<TlsConfig>,
 }
@@ -582,6 +586,7 @@ impl SourceConfig for NatsSourceConfig {
             let source = CoreSource {
                 ty: self.event_type.clone().unwrap_or_else(|| "nats".into()),
                 source: self.event_source.clone().unwrap_or_else(|| name.clone()),
+                argo_subject: self.event_subject.clone().unwrap_or_else(|| name.clone()),
                 format: self.format,
                 json_body: self.json_body,
                 metadata: Arc::from(metadata),
@@ -600,6 +605,8 @@ struct CoreSource {
     _client: async_nats::Client,
     ty: String,
     source: String,
+    /// `argo`: the events' subject.
+    argo_subject: String,
     format: CoreFormat,
     json_body: bool,
     metadata: Arc<[u8]>,
@@ -643,7 +650,7 @@ impl CoreSource {
             data.extend_from_slice(&self.metadata);
             data.push(b'}');
             let e = Event::new(id, &*self.source, &*self.ty)
-                .with_subject(&*self.name)
+                .with_subject(&*self.argo_subject)
                 .with_time(Timestamp::now())
                 .with_json(data);
             return Ok((e, fresh));

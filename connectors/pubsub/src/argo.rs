@@ -7,7 +7,6 @@ use sluice_core::argo::map::{argo_source, no_source_filter, EventCtx, Fields};
 /// `jsonBody`.
 pub fn source(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     let mut out = argo_source(ctx, f);
-    out.remove("subject");
     let project = f.str("projectID");
     match &project {
         Some(p) => {

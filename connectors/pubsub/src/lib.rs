@@ -270,6 +270,9 @@ pubsub_options! {
         /// `//pubsub.googleapis.com/projects/<project>/topics/<topic>`.
         #[serde(rename = "source")]
         pub event_source: Option<String>,
+        /// `argo`: the events' `subject` (Argo's event name). Default: the source's name.
+        #[serde(rename = "subject")]
+        pub event_subject: Option<String>,
     }
 }
 

@@ -110,7 +110,7 @@ impl SourceConfig for PubSubSourceConfig {
                         Format::Argo => name.clone(),
                         Format::Cloudevents => format!("//pubsub.googleapis.com/{topic}"),
                     }),
-                name: name.clone(),
+                name: self.event_subject.clone().unwrap_or_else(|| name.clone()),
                 format: self.format,
                 json_body: self.json_body,
                 metadata: serde_json::to_vec(&self.metadata).unwrap_or_else(|_| b"{}".to_vec()),
@@ -202,6 +202,7 @@ async fn read_or_create(
 struct Decoder {
     ty: String,
     source: String,
+    /// `argo`: the events' subject (the `subject` option, else the source's name).
     name: String,
     format: Format,
     json_body: bool,

@@ -37,7 +37,6 @@ fn connection(f: &mut Fields, out: &mut Map<String, Value>) {
 /// Argo's `redis` EventSource (Pub/Sub channels).
 pub fn pubsub(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     let mut out = argo_source(ctx, f);
-    out.remove("subject");
     connection(f, &mut out);
     match f.strings("channels") {
         Some(c) if !c.is_empty() => {
@@ -55,7 +54,6 @@ pub fn pubsub(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
 /// Argo's `redisStream` EventSource (a consumer group over streams).
 pub fn streams(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     let mut out = argo_source(ctx, f);
-    out.remove("subject");
     connection(f, &mut out);
     match f.strings("streams") {
         Some(s) if !s.is_empty() => {

@@ -56,6 +56,9 @@ pub struct PubSubSourceConfig {
     /// `source` of events made from plain messages. Default: the source's name.
     #[serde(rename = "source")]
     pub event_source: Option<String>,
+    /// `argo`: the events' `subject` (Argo's event name). Default: the source's name.
+    #[serde(rename = "subject")]
+    pub event_subject: Option<String>,
     pub tls: Option<TlsConfig>,
 }
 
@@ -107,6 +110,7 @@ impl SourceConfig for PubSubSourceConfig {
             let source = PubSubSource {
                 ty: self.event_type.clone().unwrap_or_else(|| "redis".into()),
                 source: self.event_source.clone().unwrap_or_else(|| name.clone()),
+                argo_subject: self.event_subject.clone().unwrap_or_else(|| name.clone()),
                 argo: self.format == Format::Argo,
                 json_body: self.json_body,
                 metadata: serde_json::to_vec(&self.metadata).unwrap_or_else(|_| b"{}".to_vec()),
@@ -146,6 +150,8 @@ struct PubSubSource {
     name: String,
     ty: String,
     source: String,
+    /// `argo`: the events' subject.
+    argo_subject: String,
     argo: bool,
     json_body: bool,
     metadata: Vec<u8>,
@@ -169,7 +175,7 @@ impl PubSubSource {
             data.extend_from_slice(&self.metadata);
             data.push(b'}');
             let e = Event::new(sluice_core::event::new_event_id(), &*self.source, &*self.ty)
-                .with_subject(&*self.name)
+                .with_subject(&*self.argo_subject)
                 .with_time(Timestamp::now())
                 .with_json(data);
             return Ok((e, true));

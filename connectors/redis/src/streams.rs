@@ -79,6 +79,9 @@ pub struct StreamsSourceConfig {
     /// `source` of events made from plain entries. Default: the source's name.
     #[serde(rename = "source")]
     pub event_source: Option<String>,
+    /// `argo`: the events' `subject` (Argo's event name). Default: the source's name.
+    #[serde(rename = "subject")]
+    pub event_subject: Option<String>,
     pub tls: Option<TlsConfig>,
 }
 
@@ -168,6 +171,7 @@ impl SourceConfig for StreamsSourceConfig {
                     .clone()
                     .unwrap_or_else(|| self.default_type().into()),
                 source: self.event_source.clone().unwrap_or_else(|| name.clone()),
+                argo_subject: self.event_subject.clone().unwrap_or_else(|| name.clone()),
                 argo: self.format == Format::Argo,
                 metadata: serde_json::to_vec(&self.metadata).unwrap_or_else(|_| b"{}".to_vec()),
                 streams: self.streams.clone(),
@@ -217,6 +221,8 @@ struct StreamsSource {
     start: Start,
     ty: String,
     source: String,
+    /// `argo`: the events' subject.
+    argo_subject: String,
     argo: bool,
     metadata: Vec<u8>,
     telemetry: PullTelemetry,
@@ -303,7 +309,7 @@ impl StreamsSource {
             source: &self.source,
             ty: &self.ty,
             argo: self.argo.then_some(entry::ArgoShape {
-                subject: &self.name,
+                subject: &self.argo_subject,
                 metadata: &self.metadata,
             }),
         }

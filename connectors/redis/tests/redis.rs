@@ -413,14 +413,15 @@ async fn argo_stream_shape() {
     let stream = unique("argo");
     let (mut rig, _task) = start_source::<StreamsSourceConfig>(
         "rs-argo",
-        json!({"url": SHARED, "streams": [stream], "format": "argo", "metadata": {"team": "a"}}),
+        json!({"url": SHARED, "streams": [stream], "format": "argo", "metadata": {"team": "a"},
+               "subject": "example"}),
     )
     .await;
     let id = xadd(&mut c, &stream, &[("k", "v")]).await;
     let e = rig.capture().deliver_next().await;
     assert_eq!(
         (e.ty.as_str(), e.subject.as_deref()),
-        ("redisStream", Some("rs-argo"))
+        ("redisStream", Some("example"))
     );
     let data: serde_json::Value = serde_json::from_slice(e.data.as_bytes().unwrap()).unwrap();
     assert_eq!(
@@ -468,13 +469,19 @@ async fn pubsub_source_channels_patterns_and_structured_events() {
 async fn pubsub_argo_shape() {
     let mut c = conn(SHARED).await;
     let ch = unique("argo-ch");
+    // Argo's names, as `sluice run -f` sets them: source = the EventSource, subject = the event.
     let (mut rig, _task) = start_source::<PubSubSourceConfig>(
         "rp-argo",
-        json!({"url": SHARED, "channels": [ch], "format": "argo", "json_body": true}),
+        json!({"url": SHARED, "channels": [ch], "format": "argo", "json_body": true,
+               "source": "redis-es", "subject": "example"}),
     )
     .await;
     let _: i64 = c.publish(&ch, "{\"a\":1}").await.unwrap();
     let e = rig.capture().deliver_next().await;
+    assert_eq!(
+        (e.source.as_str(), e.subject.as_deref()),
+        ("redis-es", Some("example"))
+    );
     let data: serde_json::Value = serde_json::from_slice(e.data.as_bytes().unwrap()).unwrap();
     assert_eq!(
         data,
