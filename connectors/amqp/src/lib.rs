@@ -343,9 +343,9 @@ pub(crate) async fn declare(conn: &Connection, queue: &str, d: &Declare) -> Resu
     Ok(())
 }
 
-/// Reconnect delays: 100 ms doubling, at most 5 s.
+/// Reconnect delays: the pull kit's (100 ms doubling, at most 5 s).
 pub(crate) fn reconnect_delay(attempt: u32) -> Duration {
-    Duration::from_millis(100u64.saturating_mul(1 << attempt.min(6)).min(5_000))
+    sluice_core::pull::Backoff::RECONNECT.nth(attempt)
 }
 
 #[cfg(test)]

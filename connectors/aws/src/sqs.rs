@@ -22,7 +22,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::Deserialize;
 use sluice_core::event::{Event, Timestamp};
 use sluice_core::pipeline::SendOptions;
-use sluice_core::pull::{InFlight, SettleBatch, Watermark};
+use sluice_core::pull::{Backoff, InFlight, SettleBatch};
 use sluice_core::telemetry::{PullTelemetry, Settled};
 use sluice_core::units::HumanDuration;
 use sluice_core::{
@@ -700,7 +700,7 @@ impl<D: Decode> Engine<D> {
             // A transient failure, or a copy of the event still in flight: SQS hands the
             // message out again after a backoff (a delivered copy is then a duplicate).
             Status::Failed | Status::InFlight => {
-                let wait = Watermark::backoff(h.receives.max(1));
+                let wait = Backoff::RETRY.after(h.receives.max(1));
                 self.retry_later(h, wait, hide, calls);
             }
             Status::Rejected => {

@@ -24,7 +24,7 @@ use sluice_core::event::{
     check_extension_name, check_media_type, check_string, extension_name_from, Data, Event,
     EventError, ExtValue, Str, Timestamp,
 };
-use sluice_core::pull::{InFlight, Watermark};
+use sluice_core::pull::{Backoff, InFlight, Watermark};
 use sluice_core::telemetry::{PullTelemetry, Settled};
 use sluice_core::units::HumanDuration;
 use sluice_core::{
@@ -1011,7 +1011,7 @@ impl KafkaSource {
         }
         for (record, event, attempts) in retries {
             self.telemetry.redeliveries.increment(1);
-            let wait = Watermark::backoff(attempts);
+            let wait = Backoff::RETRY.after(attempts);
             window.push(
                 Handle {
                     records: vec![record],

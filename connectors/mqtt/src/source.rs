@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use sluice_core::event::{check_media_type, check_string, Data, Event, EventError, Str, Timestamp};
 use sluice_core::pipeline::SendOptions;
-use sluice_core::pull::{InFlight, Watermark};
+use sluice_core::pull::{InFlight, RetryQueue, Watermark};
 use sluice_core::telemetry::{PullTelemetry, Settled, EVENTS_DROPPED};
 use sluice_core::units::HumanDuration;
 use sluice_core::{
@@ -423,7 +423,7 @@ impl MqttSource {
         // Room for the window and as many again settled behind an unsettled one.
         let mut marks = Watermark::new(self.cfg.max_in_flight * 2);
         let mut entries: HashMap<u64, Entry<P>> = HashMap::new();
-        let mut retries: Vec<(Instant, u64)> = Vec::new();
+        let mut retries: RetryQueue<u64> = RetryQueue::new();
         let mut next_seq = 0u64;
         let mut generation = 0u64;
         let mut stopping = false;
@@ -445,7 +445,7 @@ impl MqttSource {
             // what is settled behind an unsettled one: stop taking when either is full.
             let taking =
                 window.room() > 0 && !marks.is_full() && (!stopping || self.cfg.clean_session);
-            let retry_due = retries.iter().map(|r| r.0).min();
+            let retry_due = retries.next_due();
             tokio::select! {
                 biased;
                 Some((seq, outcome)) = window.next(), if !window.is_empty() => {
@@ -467,7 +467,7 @@ impl MqttSource {
                                 e.attempts += 1;
                                 marks.failed(seq);
                                 self.telemetry.settled(Settled::Retry, 1);
-                                retries.push((Instant::now() + Watermark::backoff(e.attempts), seq));
+                                retries.push_failed(e.attempts, seq);
                             }
                         }
                     }
@@ -475,11 +475,7 @@ impl MqttSource {
                     self.telemetry.in_flight.set(window.len() as f64);
                 }
                 _ = tokio::time::sleep_until(retry_due.unwrap_or_else(Instant::now)), if retry_due.is_some() && window.room() > 0 => {
-                    let now = Instant::now();
-                    retries.sort_by_key(|r| r.0);
-                    let ready = retries.iter().take_while(|r| r.0 <= now).count().min(window.room());
-                    let due: Vec<(Instant, u64)> = retries.drain(..ready).collect();
-                    for (_, seq) in due {
+                    for seq in retries.take_due(Instant::now(), window.room()) {
                         let Some(e) = entries.get(&seq) else { continue };
                         // The same event again: rebuilt from the message with the id and time
                         // made the first time (it converted then, so it converts now).

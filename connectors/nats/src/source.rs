@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use sluice_core::event::{Data, Event, EventError, Timestamp};
 use sluice_core::pipeline::SendOptions;
-use sluice_core::pull::{InFlight, Watermark};
+use sluice_core::pull::{Backoff, InFlight};
 use sluice_core::telemetry::{PullTelemetry, Settled, EVENTS_DROPPED};
 use sluice_core::units::HumanDuration;
 use sluice_core::{
@@ -458,7 +458,7 @@ impl JetStreamSource {
             // A copy in flight or a transient failure: back off, then JetStream redelivers
             // (a delivered copy is then answered as a duplicate).
             Status::InFlight | Status::Failed => (
-                AckKind::Nak(Some(Watermark::backoff(h.delivered.max(1) as u32))),
+                AckKind::Nak(Some(Backoff::RETRY.after(h.delivered.max(1) as u32))),
                 Settled::Retry,
             ),
             Status::Rejected => {

@@ -35,7 +35,7 @@ use sluice_core::event::{
     check_extension_name, extension_name_from, Data, Event, ExtValue, Str, Timestamp,
 };
 use sluice_core::pipeline::SendOptions;
-use sluice_core::pull::{InFlight, SettleBatch, Watermark};
+use sluice_core::pull::{Backoff, InFlight, SettleBatch};
 use sluice_core::telemetry::{PullTelemetry, Settled};
 use sluice_core::{
     argo, BoxFuture, ConnectorError, Outcome, Running, SourceConfig, SourceContext, Status,
@@ -516,7 +516,7 @@ impl Engine {
                         Ok(p) => pull = Some(p),
                         Err(e) => {
                             failures += 1;
-                            let wait = Watermark::backoff(failures + 3);
+                            let wait = Backoff::RETRY.after(failures + 3);
                             tracing::warn!(source = %self.name, subscription = %self.fqsn, code = %e.code(), error = %e.message(), retry_in = ?wait, "pubsub: cannot open the streaming pull");
                             reopen_at = Some(Instant::now() + wait);
                         }
@@ -550,7 +550,7 @@ impl Engine {
                         // goes on.
                         pull = None;
                         failures += 1;
-                        let wait = Watermark::backoff(failures + 3);
+                        let wait = Backoff::RETRY.after(failures + 3);
                         self.telemetry.reconnects.increment(1);
                         let routine = matches!(&end, Err(e) if matches!(e.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled));
                         if routine && failures == 1 {
@@ -857,7 +857,8 @@ impl Engine {
 /// Seconds until a message that failed `attempt` times comes again: about 1 s, doubling, at
 /// most 30 (`attempt` is Pub/Sub's delivery attempt, known with a dead-letter policy; else 1).
 fn backoff_secs(attempt: u32) -> i32 {
-    let d = Watermark::backoff(attempt.saturating_add(3))
+    let d = Backoff::RETRY
+        .after(attempt.saturating_add(3))
         .as_secs_f64()
         .ceil() as i32;
     d.clamp(1, 60)

@@ -254,10 +254,9 @@ pub(crate) async fn run_pipelined(
     Ok(())
 }
 
-/// Reconnect delays: 100 ms doubling, at most 5 s.
+/// Reconnect delays: the pull kit's (100 ms doubling, at most 5 s).
 pub(crate) fn reconnect_delay(attempt: u32) -> Duration {
-    let ms = 100u64.saturating_mul(1 << attempt.min(6));
-    Duration::from_millis(ms.min(5_000))
+    sluice_core::pull::Backoff::RECONNECT.nth(attempt)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{RedisResult, Value};
 use serde::Deserialize;
 use sluice_core::pipeline::SendOptions;
-use sluice_core::pull::{InFlight, Watermark};
+use sluice_core::pull::{InFlight, RetryQueue};
 use sluice_core::telemetry::{PullTelemetry, Settled};
 use sluice_core::template::Template;
 use sluice_core::units::HumanDuration;
@@ -239,7 +239,7 @@ struct State {
     known: foldhash::HashSet<(usize, String)>,
     stalled: VecDeque<Stalled>,
     /// Failed entries and when to claim them back for another attempt.
-    retries: Vec<(Instant, Handle)>,
+    retries: RetryQueue<Handle>,
     /// Entries to `XACK`, flushed when [`ACK_BATCH`] wait or the oldest has waited
     /// [`ACK_LINGER`].
     acks: Vec<(usize, String)>,
@@ -351,7 +351,7 @@ impl StreamsSource {
             claim_cursors: vec!["0-0".to_owned(); n],
             known: foldhash::HashSet::default(),
             stalled: VecDeque::new(),
-            retries: Vec::new(),
+            retries: RetryQueue::new(),
             acks: Vec::new(),
             acks_since: None,
             ack_hold: None,
@@ -405,7 +405,7 @@ impl StreamsSource {
             let ack_due = st
                 .acks_since
                 .map(|t| (t + ACK_LINGER).max(st.ack_hold.unwrap_or(t)));
-            let retry_due = st.retries.iter().map(|r| r.0).min();
+            let retry_due = st.retries.next_due();
             tokio::select! {
                 biased;
                 Some((h, outcome)) = window.next(), if !window.is_empty() => {
@@ -568,8 +568,7 @@ impl StreamsSource {
             Status::Failed | Status::InFlight => {
                 h.attempts += 1;
                 self.telemetry.settled(Settled::Retry, 1);
-                st.retries
-                    .push((Instant::now() + Watermark::backoff(h.attempts), h));
+                st.retries.push_failed(h.attempts, h);
             }
         }
     }
@@ -621,12 +620,8 @@ impl StreamsSource {
     /// Claims back the failed entries whose backoff is over (`XCLAIM` with min-idle 0 returns
     /// the entry and counts a delivery) and queues them again.
     async fn claim_retries(&self, ctl: &mut ConnectionManager, st: &mut State) {
-        let now = Instant::now();
-        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut st.retries)
-            .into_iter()
-            .partition(|(at, _)| *at <= now);
-        st.retries = later;
-        for (_, h) in due {
+        let due = st.retries.take_due(Instant::now(), usize::MAX);
+        for h in due {
             let key = (h.stream, h.id.clone());
             st.known.remove(&key);
             let r: RedisResult<Value> = redis::cmd("XCLAIM")
@@ -648,12 +643,12 @@ impl StreamsSource {
                 Ok(Err(e)) => {
                     tracing::warn!(source = %self.name, error = %e, "redis-streams: XCLAIM reply not understood; retrying later");
                     st.known.insert(key);
-                    st.retries.push((now + Watermark::backoff(h.attempts), h));
+                    st.retries.push_failed(h.attempts, h);
                 }
                 Err(e) => {
                     tracing::warn!(source = %self.name, error = %e, "redis-streams: XCLAIM failed; retrying later");
                     st.known.insert(key);
-                    st.retries.push((now + Watermark::backoff(h.attempts), h));
+                    st.retries.push_failed(h.attempts, h);
                 }
             }
         }
@@ -672,7 +667,7 @@ impl StreamsSource {
         for s in &st.stalled {
             per[s.h.stream].push(s.h.id.clone());
         }
-        for (_, h) in &st.retries {
+        for h in st.retries.iter() {
             per[h.stream].push(h.id.clone());
         }
         let total: usize = per.iter().map(Vec::len).sum();
@@ -998,7 +993,7 @@ mod tests {
             claim_cursors: Vec::new(),
             known: foldhash::HashSet::default(),
             stalled: VecDeque::new(),
-            retries: Vec::new(),
+            retries: RetryQueue::new(),
             acks: vec![(0, "new-1".into()), (0, "new-2".into())],
             acks_since: None,
             ack_hold: None,

@@ -13,10 +13,15 @@
 //!   first unsettled position; a failed position holds the commit point until its retry
 //!   succeeds; `revoke` (a rebalance) returns the safe commit point.
 //!
+//! - [`Backoff`]: the one capped exponential backoff (reconnects, retries), and
+//!   [`RetryQueue`]: items waiting to be tried again, each until its own time.
+//!
 //! No broker code lives here. `docs/architecture.md` has a worked example of a source on it.
 
+mod retry;
 mod watermark;
 mod window;
 
+pub use retry::{Backoff, RetryQueue};
 pub use watermark::{Full, Watermark};
 pub use window::{InFlight, SettleBatch};

@@ -1,7 +1,6 @@
 //! Ordered acknowledgements: a commit point over positions settled out of order.
 
 use std::collections::VecDeque;
-use std::time::Duration;
 
 /// The watermark is at its bound: stop fetching for this partition until it advances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -22,7 +21,7 @@ enum State {
 /// be committed upstream (Kafka: commit offset = commit point; MQTT: PUBACK each released
 /// packet in order; JetStream: AckAll the last released). Positions may have gaps (compacted
 /// topics, filtered subjects). A failed position holds the commit point: the source re-sends it
-/// after [`Watermark::backoff`] (dedup makes its already delivered neighbours cheap to resend
+/// after [`super::Backoff::RETRY`] (dedup makes its already delivered neighbours cheap to resend
 /// if it has to replay more than one). Bounded: at `bound` unsettled positions, `push` says
 /// [`Full`].
 #[derive(Debug)]
@@ -109,7 +108,7 @@ impl Watermark {
     }
 
     /// Records `pos` as failed: it holds the commit point until a retry delivers it. Returns
-    /// how many times it has failed (for [`Watermark::backoff`]), `None` for an unknown position.
+    /// how many times it has failed (for [`super::Backoff::after`]), `None` for an unknown position.
     pub fn failed(&mut self, pos: u64) -> Option<u32> {
         let i = self.find(pos)?;
         let n = match self.entries[i].1 {
@@ -118,13 +117,6 @@ impl Watermark {
         };
         self.entries[i].1 = State::Failed(n);
         Some(n)
-    }
-
-    /// How long to wait before re-sending a position that failed `attempts` times: 100 ms
-    /// doubling per attempt, at most 30 s.
-    pub fn backoff(attempts: u32) -> Duration {
-        let ms = 100u64.saturating_mul(1 << attempts.saturating_sub(1).min(20));
-        Duration::from_millis(ms.min(30_000))
     }
 
     /// Releases the settled positions at the front, in order, calling `release` for each (MQTT
@@ -201,9 +193,6 @@ mod tests {
         assert_eq!(w.commit_point(), Some(1));
         assert!(w.delivered(1));
         assert_eq!(w.advance(|_| ()), Some(4));
-        assert_eq!(Watermark::backoff(1), Duration::from_millis(100));
-        assert_eq!(Watermark::backoff(3), Duration::from_millis(400));
-        assert_eq!(Watermark::backoff(40), Duration::from_secs(30));
     }
 
     #[test]
