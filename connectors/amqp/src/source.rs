@@ -14,7 +14,7 @@ use lapin::{Channel, Connection, Consumer};
 use serde::Deserialize;
 use sluice_core::event::{Data, Event, EventError, Timestamp};
 use sluice_core::pipeline::SendOptions;
-use sluice_core::pull::{InFlight, Watermark};
+use sluice_core::pull::{InFlight, RetryQueue, Watermark};
 use sluice_core::telemetry::{PullTelemetry, Settled};
 use sluice_core::units::HumanDuration;
 use sluice_core::{
@@ -314,7 +314,7 @@ impl AmqpSource {
         // Room for the window plus what the broker may still send while we stop.
         let mut window: InFlight<Handle> =
             InFlight::new(window_size * 2, Duration::from_secs(3600));
-        let mut held: Vec<(Instant, Handle)> = Vec::new();
+        let mut held: RetryQueue<Handle> = RetryQueue::new();
         let mut stopping = false;
         let mut reconnect_at = Instant::now();
         let mut attempts = 0u32;
@@ -334,7 +334,7 @@ impl AmqpSource {
             if stopping && window.is_empty() {
                 break;
             }
-            let held_due = held.iter().map(|h| h.0).min();
+            let held_due = held.next_due();
             // The ack tracker also holds nacked and rejected tags behind an unsettled one: stop
             // reading while it is full (a tag it does not track could be covered by a
             // `multiple` ack before its delivery).
@@ -354,9 +354,7 @@ impl AmqpSource {
                 }
                 _ = tokio::time::sleep_until(held_due.unwrap_or_else(Instant::now)), if held_due.is_some() => {
                     let now = Instant::now();
-                    let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut held).into_iter().partition(|h| h.0 <= now);
-                    held = later;
-                    for (_, h) in due {
+                    for h in held.take_due(now, usize::MAX) {
                         self.nack(&mut session, h).await;
                     }
                     self.ack_prefix(&mut session).await;
@@ -408,7 +406,7 @@ impl AmqpSource {
         }
         // Failed messages waiting for their delay go back now; then close (the broker requeues
         // anything still unacknowledged).
-        for (_, h) in std::mem::take(&mut held) {
+        for h in held.drain() {
             self.nack(&mut session, h).await;
         }
         self.ack_prefix(&mut session).await;
@@ -469,7 +467,7 @@ impl AmqpSource {
         session: &mut Option<Session>,
         h: Handle,
         outcome: Outcome,
-        held: &mut Vec<(Instant, Handle)>,
+        held: &mut RetryQueue<Handle>,
     ) {
         if session
             .as_ref()
@@ -490,7 +488,7 @@ impl AmqpSource {
             }
             Status::Failed | Status::InFlight => {
                 let at = Instant::now() + self.retry_delay(h.deliveries);
-                held.push((at, h));
+                held.push_at(at, h);
             }
         }
     }

@@ -95,6 +95,12 @@ impl<H> RetryQueue<H> {
         self.items.is_empty()
     }
 
+    /// Every item, in the order they fall due (a shutdown gives them all back at once).
+    pub fn drain(&mut self) -> Vec<H> {
+        self.items.sort_by_key(|i| (i.0, i.1));
+        self.items.drain(..).map(|i| i.2).collect()
+    }
+
     /// Forgets every item (a reconnect after which the broker sends them again).
     pub fn clear(&mut self) {
         self.items.clear();
@@ -136,7 +142,8 @@ mod tests {
         assert_eq!(q.take_due(t0 + Duration::from_millis(150), 2), ["a", "b"]);
         assert_eq!(q.take_due(t0 + Duration::from_millis(150), 9), ["d"]);
         assert_eq!(q.len(), 1);
-        assert_eq!(q.take_due(t0 + Duration::from_secs(1), 9), ["c"]);
+        q.push_at(t0 + Duration::from_secs(9), "e");
+        assert_eq!(q.drain(), ["c", "e"]);
         assert!(q.is_empty() && q.next_due().is_none());
     }
 }
