@@ -142,10 +142,10 @@ if [ -x "$emu" ]; then
   echo "using $emu"
 else
   echo "SKIPPED: sluice-pubsub::emulator (every test in connectors/pubsub/tests/emulator.rs) and"
-  echo "SKIPPED: sluice::e2e gcp_pubsub_to_jetstream_relay_survives_kill_9"
+  echo "SKIPPED: sluice::e2e buses::gcp_pubsub_to_jetstream_relay_survives_kill_9"
   echo "  reason: the Pub/Sub emulator is not installed at $emu (apt package google-cloud-cli-pubsub-emulator"
   echo "  from Google's Cloud SDK repository, or set SLUICE_PUBSUB_EMULATOR to its start script)"
-  skip=(-E 'not (binary_id(sluice-pubsub::emulator) or test(/^gcp_pubsub_/))')
+  skip=(-E 'not (binary_id(sluice-pubsub::emulator) or test(/gcp_pubsub_to_jetstream/))')
 fi
 
 log "kubernetes API server"
@@ -162,12 +162,12 @@ if envtest_out=$(bash scripts/envtest.sh start 2>&1); then
 else
   echo "$envtest_out" | tail -20
   echo "SKIPPED: sluice-kubernetes::envtest (every test in connectors/kubernetes/tests/envtest.rs) and"
-  echo "SKIPPED: sluice::e2e s3_to_sensor_to_argo_workflow and validate_kube_reports_each_permission_it_could_not_confirm"
+  echo "SKIPPED: sluice::e2e sensor::s3_to_sensor_to_argo_workflow, argo::argo_sqs_example_creates_the_workflow and cli::validate_kube_reports_each_permission_it_could_not_confirm"
   echo "  reason: the test API server could not be built or started (output above)"
   if [ ${#skip[@]} -gt 0 ]; then
-    skip=(-E 'not (binary_id(sluice-pubsub::emulator) or test(/^gcp_pubsub_/) or binary_id(sluice-kubernetes::envtest) or test(/^s3_to_sensor_to_argo/) or test(/^validate_kube_/))')
+    skip=(-E 'not (binary_id(sluice-pubsub::emulator) or test(/gcp_pubsub_to_jetstream/) or binary_id(sluice-kubernetes::envtest) or test(/s3_to_sensor_to_argo/) or test(/argo_sqs_example/) or test(/validate_kube_/))')
   else
-    skip=(-E 'not (binary_id(sluice-kubernetes::envtest) or test(/^s3_to_sensor_to_argo/) or test(/^validate_kube_/))')
+    skip=(-E 'not (binary_id(sluice-kubernetes::envtest) or test(/s3_to_sensor_to_argo/) or test(/argo_sqs_example/) or test(/validate_kube_/))')
   fi
 fi
 
