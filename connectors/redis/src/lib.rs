@@ -17,6 +17,7 @@ pub mod argo;
 mod entry;
 mod pubsub;
 mod streams;
+mod streams_sink;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,7 +25,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use pubsub::{PubSubSinkConfig, PubSubSourceConfig};
-pub use streams::{Start, StreamsSinkConfig, StreamsSourceConfig};
+pub use streams::{Start, StreamsSourceConfig};
+pub use streams_sink::StreamsSinkConfig;
 
 pub(crate) fn default_url() -> String {
     "redis://127.0.0.1:6379".into()
