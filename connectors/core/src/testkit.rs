@@ -175,6 +175,18 @@ impl Capture {
     }
 
     /// Whatever is queued right now (not acknowledged).
+    /// A negative check, named: waits `wait` (what the system would need to send something
+    /// more: a redelivery, a lease, a poll), then asserts that nothing more arrived.
+    pub async fn assert_quiet(&mut self, wait: Duration, why: &str) {
+        tokio::time::sleep(wait).await;
+        if let Some(item) = self.try_next() {
+            panic!(
+                "{why}: an event arrived within {wait:?} after the check began (id {})",
+                item.event.id
+            );
+        }
+    }
+
     pub fn try_next(&mut self) -> Option<SinkItem> {
         self.input.try_recv()
     }

@@ -91,8 +91,7 @@ async fn hold(cap: &mut Capture, n: usize, more: &str) -> Vec<SinkItem> {
     for _ in 0..n {
         held.push(cap.next_within(Duration::from_secs(15)).await);
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(cap.try_next().is_none(), "{more}");
+    cap.assert_quiet(Duration::from_millis(500), more).await;
     held
 }
 
@@ -221,11 +220,11 @@ async fn commits_stop_at_the_first_undelivered_record_and_failures_are_retried()
         ids,
         BTreeSet::from(["orders-0-20", "orders-0-21", "orders-1-20", "orders-1-21"].map(Str::from))
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        cap.try_next().is_none(),
-        "nothing before the commit is read again"
-    );
+    cap.assert_quiet(
+        Duration::from_millis(500),
+        "nothing before the commit is read again",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -532,8 +531,8 @@ async fn a_full_partition_parks_its_records_in_order_and_skips_invalid_ones() {
     );
     assert_eq!(got["1"], (0..12).collect::<Vec<i64>>(), "partition 1");
     wait_committed(&bs, "g-park", "park", &[13, 12]).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(cap.try_next().is_none(), "nothing delivered twice");
+    cap.assert_quiet(Duration::from_millis(300), "nothing delivered twice")
+        .await;
     assert_eq!(
         metric(
             sluice_core::telemetry::EVENTS_REJECTED,

@@ -485,8 +485,8 @@ async fn the_source_misses_nothing_across_a_restart() {
     // The standard source telemetry: 3 events in the first run, 3 in the second.
     testkit::assert_source_telemetry("wf-watch", 6);
     // Nothing else: the unchanged objects are not emitted again.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(cap.try_next().is_none());
+    cap.assert_quiet(Duration::from_millis(500), "nothing more")
+        .await;
     rig.shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(10), task)
         .await

@@ -187,8 +187,8 @@ async fn jetstream_progress_acks_keep_a_slow_event_from_redelivery() {
     let mut cap = rig.capture();
     let item = cap.next_within(Duration::from_secs(10)).await;
     // Three times ack_wait with the event held: no second copy arrives.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(cap.try_next().is_none(), "redelivered while in flight");
+    cap.assert_quiet(Duration::from_secs(3), "redelivered while in flight")
+        .await;
     assert_eq!(
         consumer_info(&js, "SLOW", "js-slow").await.num_redelivered,
         0
@@ -222,11 +222,11 @@ async fn jetstream_window_bounds_what_is_in_flight_and_rejects_terminate() {
     for _ in 0..4 {
         held.push(cap.next_within(Duration::from_secs(10)).await);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        cap.try_next().is_none(),
-        "the window of 4 is full: no fifth event"
-    );
+    cap.assert_quiet(
+        Duration::from_millis(300),
+        "the window of 4 is full: no fifth event",
+    )
+    .await;
     assert_eq!(consumer_info(&js, "WIN", "js-win").await.num_ack_pending, 4);
     // A rejection terminates the message: it is not redelivered.
     let rejected = held.remove(0);
@@ -244,11 +244,11 @@ async fn jetstream_window_bounds_what_is_in_flight_and_rejects_terminate() {
     assert!(!seen.contains(&rejected_id));
     assert_eq!(seen.len(), 16);
     wait_settled(&js, "WIN", "js-win").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        cap.try_next().is_none(),
-        "the terminated message is not redelivered"
-    );
+    cap.assert_quiet(
+        Duration::from_millis(300),
+        "the terminated message is not redelivered",
+    )
+    .await;
 }
 
 #[tokio::test]

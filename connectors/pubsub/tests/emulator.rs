@@ -187,11 +187,8 @@ async fn plain_messages_become_events_with_stable_ids() {
     assert_eq!(again.event.id, ids[0]);
     assert_eq!(again.event, item.event, "the same event on every copy");
     again.delivery.delivered();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        cap.try_next().is_none(),
-        "acknowledged: not handed out again"
-    );
+    cap.assert_quiet(Duration::from_secs(3), "acknowledged: not handed out again")
+        .await;
     testkit::assert_source_telemetry("ps-plain", 2);
     assert!(
         testkit::metric(
@@ -214,11 +211,11 @@ async fn a_slow_delivery_is_extended_not_redelivered() {
     let mut cap = rig.capture();
     let item = cap.next_within(Duration::from_secs(20)).await;
     // Held past two ack deadlines (10 s each): extended meanwhile, so no copy arrives.
-    tokio::time::sleep(Duration::from_secs(22)).await;
-    assert!(
-        cap.try_next().is_none(),
-        "redelivered while its events were still in the pipeline"
-    );
+    cap.assert_quiet(
+        Duration::from_secs(22),
+        "redelivered while its events were still in the pipeline",
+    )
+    .await;
     assert!(
         testkit::metric(
             sluice_core::telemetry::SOURCE_LEASE_EXTENSIONS,
@@ -227,11 +224,11 @@ async fn a_slow_delivery_is_extended_not_redelivered() {
         "ack deadline extensions counted"
     );
     item.delivery.delivered();
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    assert!(
-        cap.try_next().is_none(),
-        "acknowledged after the slow delivery"
-    );
+    cap.assert_quiet(
+        Duration::from_secs(12),
+        "acknowledged after the slow delivery",
+    )
+    .await;
     rig.shutdown.cancel();
     task.await.unwrap().unwrap();
 }
@@ -433,8 +430,8 @@ async fn argo_format_and_invalid_cloudevents() {
     let item = cap.next_within(Duration::from_secs(20)).await;
     assert_eq!(text(&item.event), "fine");
     item.delivery.delivered();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(cap.try_next().is_none());
+    cap.assert_quiet(Duration::from_millis(500), "nothing more")
+        .await;
     assert!(
         testkit::metric(
             sluice_core::telemetry::EVENTS_REJECTED,
@@ -558,8 +555,8 @@ async fn a_failed_head_holds_back_its_key_also_what_is_not_taken_yet() {
     let mut cap = rig.capture();
     let first = cap.next_within(Duration::from_secs(20)).await;
     assert_eq!(text(&first.event), "x1");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(cap.try_next().is_none(), "x2 waits behind x1");
+    cap.assert_quiet(Duration::from_millis(500), "x2 waits behind x1")
+        .await;
     first.delivery.failed("once");
     let mut order = Vec::new();
     while order.len() < 4 {

@@ -451,11 +451,11 @@ async fn s3_notifications_one_event_per_record_filtered_and_test_event_skipped()
     item.delivery.delivered();
     // The test event and the .log record were deleted as filtered; the .csv one once delivered.
     wait_counts(&c, &url, (0, 0)).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        cap.try_next().is_none(),
-        "only the .csv upload made an event"
-    );
+    cap.assert_quiet(
+        Duration::from_millis(300),
+        "only the .csv upload made an event",
+    )
+    .await;
     assert!(
         testkit::metric(
             sluice_core::telemetry::EVENTS_FILTERED,
@@ -501,11 +501,11 @@ async fn s3_poll_mode_emits_new_and_changed_objects_once_across_a_restart() {
     }
     keys.sort();
     assert_eq!(keys, ["incoming/1.csv", "incoming/2.csv"]);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(
-        cap.try_next().is_none(),
-        "nothing emitted twice by the next listings"
-    );
+    cap.assert_quiet(
+        Duration::from_millis(2500),
+        "nothing emitted twice by the next listings",
+    )
+    .await;
     stop(rig, task).await;
 
     // While it is down: one new object, one changed.
@@ -526,8 +526,8 @@ async fn s3_poll_mode_emits_new_and_changed_objects_once_across_a_restart() {
         ["incoming/1.csv", "incoming/3.csv"],
         "the changed and the new one, nothing else"
     );
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(cap.try_next().is_none());
+    cap.assert_quiet(Duration::from_millis(2500), "nothing more")
+        .await;
     stop(rig, task).await;
 }
 

@@ -18,10 +18,10 @@
 //!
 //! No broker code lives here. `docs/architecture.md` has a worked example of a source on it.
 
+mod in_flight;
 mod retry;
 mod watermark;
-mod window;
 
+pub use in_flight::{InFlight, SettleBatch};
 pub use retry::{Backoff, RetryQueue};
 pub use watermark::{Full, Watermark};
-pub use window::{InFlight, SettleBatch};
