@@ -312,8 +312,7 @@ impl AmqpSource {
         let mut generation = 0u64;
         let window_size = self.cfg.prefetch as usize;
         // Room for the window plus what the broker may still send while we stop.
-        let mut window: InFlight<Handle> =
-            InFlight::new(window_size * 2, Duration::from_secs(3600));
+        let mut window: InFlight<Handle> = InFlight::unleased(window_size * 2);
         let mut held: RetryQueue<Handle> = RetryQueue::new();
         let mut stopping = false;
         let mut reconnect_at = Instant::now();

@@ -1123,8 +1123,7 @@ impl KafkaSource {
         let err = |m: String| ConnectorError(format!("kafka source {}: {m}", self.name));
         // Entries are units (a batch, or one record sent again); records in flight are counted
         // in `in_flight` and bounded by the window, so entries are too.
-        let mut window: InFlight<Handle, Attempt> =
-            InFlight::new(self.window, Duration::from_secs(3600));
+        let mut window: InFlight<Handle, Attempt> = InFlight::unleased(self.window);
         let mut in_flight = 0usize;
         // Records taken from librdkafka that found no room yet, per partition, in order;
         // bounded by the window (no more are taken while it is full).

@@ -418,8 +418,7 @@ impl MqttSource {
             self.name.clone(),
         ));
         let mut unsent: VecDeque<P::Publish> = VecDeque::new();
-        let mut window: InFlight<u64> =
-            InFlight::new(self.cfg.max_in_flight, Duration::from_secs(3600));
+        let mut window: InFlight<u64> = InFlight::unleased(self.cfg.max_in_flight);
         // Room for the window and as many again settled behind an unsettled one.
         let mut marks = Watermark::new(self.cfg.max_in_flight * 2);
         let mut entries: HashMap<u64, Entry<P>> = HashMap::new();

@@ -12,8 +12,9 @@ use crate::pipeline::{Outcome, Pending};
 
 struct Slot<H> {
     handle: Option<H>,
-    /// When the upstream lease on this message ends (visibility timeout, ack deadline).
-    lease_until: Instant,
+    /// When the upstream lease on this message ends (visibility timeout, ack deadline); `None`
+    /// in an unleased window.
+    lease_until: Option<Instant>,
 }
 
 /// A future in the window, tagged with its slot.
@@ -38,7 +39,9 @@ impl<F: Future<Output = Outcome> + Unpin> Future for Tagged<F> {
 /// whose lease ends soon, so the source can extend them before the broker redelivers.
 pub struct InFlight<H, F = Pending> {
     limit: usize,
-    lease: Duration,
+    /// `None`: the broker lends nothing for a time (Kafka offsets, AMQP delivery tags, MQTT
+    /// packets), so there is nothing to extend.
+    lease: Option<Duration>,
     slots: Vec<Slot<H>>,
     free: Vec<usize>,
     running: FuturesUnordered<Tagged<F>>,
@@ -47,6 +50,16 @@ pub struct InFlight<H, F = Pending> {
 impl<H, F: Future<Output = Outcome> + Unpin> InFlight<H, F> {
     /// A window of at most `limit` messages, each leased for `lease` when pushed or extended.
     pub fn new(limit: usize, lease: Duration) -> Self {
+        Self::with_lease(limit, Some(lease))
+    }
+
+    /// A window of at most `limit` messages on which the broker sets no time limit: nothing is
+    /// ever due for an extension.
+    pub fn unleased(limit: usize) -> Self {
+        Self::with_lease(limit, None)
+    }
+
+    fn with_lease(limit: usize, lease: Option<Duration>) -> Self {
         let limit = limit.max(1);
         InFlight {
             limit,
@@ -75,7 +88,7 @@ impl<H, F: Future<Output = Outcome> + Unpin> InFlight<H, F> {
     /// a bug (it would make the bound meaningless) and panics.
     pub fn push(&mut self, handle: H, outcome: F) {
         assert!(self.room() > 0, "InFlight::push on a full window");
-        let lease_until = Instant::now() + self.lease;
+        let lease_until = self.lease.map(|l| Instant::now() + l);
         let slot = match self.free.pop() {
             Some(i) => {
                 self.slots[i] = Slot {
@@ -122,13 +135,14 @@ impl<H, F: Future<Output = Outcome> + Unpin> InFlight<H, F> {
     /// (SQS `ChangeMessageVisibilityBatch`, Pub/Sub `ModifyAckDeadline`, JetStream `+WPI`).
     /// Returns how many were due.
     pub fn extend_leases(&mut self, margin: Duration, mut extend: impl FnMut(&H)) -> usize {
+        let Some(lease) = self.lease else { return 0 };
         let now = Instant::now();
         let mut due = 0;
         for slot in &mut self.slots {
-            if let Some(h) = &slot.handle {
-                if slot.lease_until <= now + margin {
+            if let (Some(h), Some(until)) = (&slot.handle, slot.lease_until) {
+                if until <= now + margin {
                     extend(h);
-                    slot.lease_until = now + self.lease;
+                    slot.lease_until = Some(now + lease);
                     due += 1;
                 }
             }
@@ -141,7 +155,7 @@ impl<H, F: Future<Output = Outcome> + Unpin> InFlight<H, F> {
         self.slots
             .iter()
             .filter(|s| s.handle.is_some())
-            .map(|s| s.lease_until)
+            .filter_map(|s| s.lease_until)
             .min()
     }
 }
@@ -261,6 +275,22 @@ mod tests {
         let (_t2, r2) = oneshot::channel();
         w.push(1, Manual(r1));
         w.push(2, Manual(r2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unleased_window_has_nothing_to_extend() {
+        let mut w: InFlight<u32, Manual> = InFlight::unleased(2);
+        let (t, r) = oneshot::channel();
+        w.push(7, Manual(r));
+        tokio::time::sleep(Duration::from_secs(86_400)).await;
+        assert_eq!(
+            w.extend_leases(Duration::from_secs(1), |_| panic!("extended")),
+            0
+        );
+        assert_eq!(w.next_lease_end(), None);
+        assert_eq!(w.room(), 1);
+        t.send(outcome(Status::Delivered)).unwrap();
+        assert_eq!(w.next().await.unwrap().0, 7);
     }
 
     // A paused clock: the 170 ms waits pass at once and exactly, however busy the machine.
