@@ -518,7 +518,7 @@ fn two_event_sources_of_one_name_are_refused_and_dead_letter_triggers_get_their_
 }
 
 #[test]
-fn broker_sources_publish_to_the_event_bus_with_argo_names_and_providers_are_refused() {
+fn sources_publish_to_the_event_bus_with_argo_names_and_sns_is_refused() {
     let es = "\
 apiVersion: argoproj.io/v1alpha1
 kind: EventSource
@@ -540,6 +540,7 @@ spec:
     assert_eq!(t.native_routes.len(), 2);
     crate::config::parse_with("<none>", "", t.generated).unwrap_or_else(|e| panic!("{e}"));
 
+    // The git providers carry the names too; `sns` does not yet, so it is refused with a bus.
     let gh = "\
 apiVersion: argoproj.io/v1alpha1
 kind: EventSource
@@ -549,6 +550,18 @@ spec:
     push: { webhook: { port: \"12000\", endpoint: /push }, webhookSecret: { name: s, key: k } }
 ";
     let t = translate(&[input("bus.yaml", BUS), input("gh.yaml", gh)]);
+    assert!(t.refused.is_empty(), "{:?}", t.refused);
+    assert_eq!(t.native["sources"]["git.push"]["source"], "git");
+    assert_eq!(t.native["sources"]["git.push"]["subject"], "push");
+    let sns = "\
+apiVersion: argoproj.io/v1alpha1
+kind: EventSource
+metadata: { name: aws }
+spec:
+  sns:
+    alerts: { webhook: { port: \"12001\", endpoint: /sns }, topicArn: \"arn:aws:sns:us-east-1:1:t\" }
+";
+    let t = translate(&[input("bus.yaml", BUS), input("sns.yaml", sns)]);
     assert!(
         t.refused[0]
             .msg

@@ -83,8 +83,6 @@ fn no_hook_registration(f: &mut Fields, keys: &[&str]) {
 
 fn provider(ctx: &EventCtx<'_>, f: &mut Fields, secret_key: &str, hook_keys: &[&str]) -> Value {
     let mut out = argo_source(ctx, f);
-    out.remove("source");
-    out.remove("subject");
     match f.obj("webhook") {
         Some(mut w) => server(&mut w, &mut out, false),
         None => f.refuse_here("`webhook` (port and endpoint) is required"),

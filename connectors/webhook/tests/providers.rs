@@ -225,6 +225,19 @@ async fn github_argo_shape_injects_the_headers_into_the_body() {
     assert_eq!(data["body"]["ref"], "refs/tags/simple-tag");
     assert_eq!(data["headers"]["X-Github-Event"], json!(["push"]));
     assert_eq!(data["metadata"], json!({ "team": "infra" }));
+
+    // Argo's names, as `sluice run -f` sets them (source = EventSource, subject = event).
+    let named = start::<sluice_webhook::GithubConfig>(
+        "gh-argo-named",
+        json!({ "secrets": ["s"], "format": "argo", "source": "github-es", "subject": "example" }),
+    )
+    .await;
+    assert_eq!(post(named.addr, &headers, &push).await.0, StatusCode::OK);
+    let e = &named.got.wait_for(1).await[0];
+    assert_eq!(
+        (e.source.as_str(), e.subject.as_deref()),
+        ("github-es", Some("example"))
+    );
 }
 
 #[tokio::test]

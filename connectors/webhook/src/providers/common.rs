@@ -42,6 +42,15 @@ macro_rules! provider_config {
             /// Static strings put in `data.metadata` (`format: argo`).
             #[serde(default)]
             pub metadata: std::collections::BTreeMap<String, String>,
+            /// CloudEvent `source`: of every event for `hmac` and `standard-webhooks`, of
+            /// `format: argo` events for the others (Argo's EventSource name). Default: the
+            /// source's name.
+            #[serde(default, rename = "source")]
+            pub event_source: Option<String>,
+            /// `format: argo`: the events' `subject` (Argo's event name). Default: the source's
+            /// name.
+            #[serde(default, rename = "subject")]
+            pub event_subject: Option<String>,
             /// A client must send its request headers within this time. Default 10s.
             #[serde(default = "crate::default_header_timeout")]
             pub header_timeout: sluice_core::units::HumanDuration,
@@ -78,8 +87,8 @@ macro_rules! provider_config {
                     format: self.format,
                     tls: self.tls.clone(),
                     event_type: Some($argo.to_owned()),
-                    event_source: None,
-                    event_subject: None,
+                    event_source: self.event_source.clone(),
+                    event_subject: self.event_subject.clone(),
                     header_extensions: self.header_extensions.clone(),
                     allowed_origins: Vec::new(),
                     metadata: self.metadata.clone(),

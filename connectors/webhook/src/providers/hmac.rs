@@ -62,9 +62,6 @@ provider_config! {
         event_type: String,
         /// gjson path of the type in a JSON payload.
         type_path: Option<String>,
-        /// CloudEvent `source`. Default: the source's name.
-        #[serde(rename = "source")]
-        event_source: Option<String>,
         /// Types to turn into events (`*`, `prefix*`); others are answered 200 and counted as
         /// filtered. Default: all.
         #[serde(default)]

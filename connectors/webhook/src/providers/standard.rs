@@ -35,9 +35,6 @@ provider_config! {
         /// Prepended to the payload's type (e.g. `com.example.`). Default none.
         #[serde(default)]
         type_prefix: String,
-        /// CloudEvent `source`. Default: the source's name.
-        #[serde(rename = "source")]
-        event_source: Option<String>,
         /// gjson path of the subject in the payload. Default none.
         subject_path: Option<String>,
         /// Payload types to turn into events (`*`, `prefix*`); others are answered 200 and
