@@ -17,7 +17,7 @@ use sluice_core::argo::map::{EventCtx, Fields, NoteKind, Notes};
 use crate::config::{ConfigError, ConfigErrors, Generated, Pos, Positions};
 use crate::registry::{self, ArgoMap, Role};
 
-pub use secrets::{secret, secret_file, DEFAULT_SECRETS_DIR};
+pub use secrets::{secret, secret_file, secret_url, DEFAULT_SECRETS_DIR};
 
 /// One input file (or stdin), read whole.
 pub struct Input {
@@ -390,6 +390,15 @@ impl Bus {
     }
 }
 
+/// Whether a name can be a token of an EventBus subject as Argo and the `nats` sink both write
+/// it (`default.<eventSourceName>.<eventName>`).
+pub(crate) fn bus_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
 /// The URL of Argo's managed JetStream bus when `--eventbus-url` gives none.
 pub const EVENTBUS_URL_ENV: &str = "SLUICE_EVENTBUS_URL";
 
@@ -574,12 +583,14 @@ pub fn translate(inputs: &[Input]) -> Translation {
                         continue;
                     };
                     let Some(mut events_f) = spec.obj(&ty) else {
+                        spec.refuse_taken(&ty, "declares no events");
                         continue;
                     };
                     for event in events_f.keys() {
-                        let Some(mut ef) = events_f.obj(&event) else {
-                            continue;
-                        };
+                        // An event with nothing after it has no options.
+                        let mut ef = events_f.obj(&event).unwrap_or_else(|| {
+                            Fields::new(events_f.path_of(&event), Value::Null, &notes)
+                        });
                         let ctx = EventCtx {
                             event_source: &doc.name,
                             event: &event,
@@ -591,6 +602,16 @@ pub fn translate(inputs: &[Input]) -> Translation {
                         native["kind"] = json!(kind);
                         let name = format!("{}.{}", doc.name, event);
                         if let Some((bus_name, _)) = &bus {
+                            if !bus_name_ok(&doc.name) || !bus_name_ok(&event) {
+                                t.note(
+                                    doc,
+                                    &path,
+                                    NoteKind::Refused,
+                                    "on the EventBus, EventSource and event names may only use \
+                                     letters, digits, `-` and `_` (they are subject tokens)"
+                                        .into(),
+                                );
+                            }
                             // Argo's Sensors route by the CloudEvent's source and subject.
                             // (The nats source names it `event_subject`: its `subject` is
                             // what it subscribes to.)

@@ -68,6 +68,17 @@ pub fn secret(sel: &str) -> Result<String, String> {
     ))
 }
 
+/// The value of secret `NAME/KEY`, percent-encoded for a URL's user information (every
+/// character but letters, digits and `-._~`).
+pub fn secret_url(sel: &str) -> Result<String, String> {
+    const USERINFO: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    secret(sel).map(|v| percent_encoding::utf8_percent_encode(&v, USERINFO).to_string())
+}
+
 /// The path of secret `NAME/KEY`'s file (for options that read a file: certificates, keys).
 pub fn secret_file(sel: &str) -> Result<String, String> {
     let (name, key) = split(sel)?;

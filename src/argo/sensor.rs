@@ -96,6 +96,15 @@ pub(super) fn translate(
                 .map(|(b, _)| format!("{}.{}", Bus::sink_name(b), doc.name));
             let source = match (events.get(&(es.clone(), ev.clone())), &from_bus) {
                 (_, Some(b)) => {
+                    if !super::bus_name_ok(&es) || !super::bus_name_ok(&ev) {
+                        notes.push(
+                            path.clone(),
+                            NoteKind::Refused,
+                            "on the EventBus, EventSource and event names may only use letters, \
+                             digits, `-` and `_` (they are subject tokens)",
+                        );
+                        continue;
+                    }
                     bus_subjects.push(format!("default.{es}.{ev}"));
                     b.clone()
                 }
@@ -328,7 +337,10 @@ fn trigger(
         policy,
         template_parameters,
     };
-    let mut kf = tpl.obj(&ty)?;
+    // `log:` with nothing after it is a trigger with no options.
+    let mut kf = tpl
+        .obj(&ty)
+        .unwrap_or_else(|| Fields::new(tpl.path_of(&ty), Value::Null, notes));
     let kind_path = kf.path().to_vec();
     let mut sink = map(&mut ctx, &mut kf);
     drop(kf);

@@ -185,6 +185,8 @@ fn secrets_are_read_from_the_secrets_dir_then_the_environment() {
         "{err}"
     );
     assert!(secret_file("tok/t").unwrap().ends_with("tok/t"));
+    std::env::set_var(secrets::env_name("db", "pw"), "p@ss:w/rd");
+    assert_eq!(secret_url("db/pw").unwrap(), "p%40ss%3Aw%2Frd");
 }
 
 /// Argo types Sluice has a connector for (the issue's list): a document of these types is in
@@ -332,7 +334,10 @@ fn argo_corpus_loads() {
             for (.., value, _, _) in &t.generated.entries {
                 let text = yaml_serde::to_string(value).unwrap();
                 for part in text.split("${secret").skip(1) {
-                    let sel = part.trim_start_matches("-file").trim_start_matches(':');
+                    let sel = part
+                        .trim_start_matches("-file")
+                        .trim_start_matches("-url")
+                        .trim_start_matches(':');
                     let sel = &sel[..sel.find('}').unwrap()];
                     let f = secrets.path().join(sel);
                     std::fs::create_dir_all(f.parent().unwrap()).unwrap();
@@ -566,6 +571,53 @@ spec:
         t.refused[0]
             .msg
             .contains("cannot publish to the EventBus yet"),
+        "{:?}",
+        t.refused
+    );
+}
+
+#[test]
+fn fields_read_and_found_wanting_are_refused_and_argo_defaults_are_kept() {
+    let es = "\
+apiVersion: argoproj.io/v1alpha1
+kind: EventSource
+metadata: { name: mixed }
+spec:
+  kafka:
+    orders: { url: k:9092, topic: orders }
+  gitlab:
+    mr:
+      webhook: { port: \"12000\", endpoint: /mr }
+      secretToken: { name: s, key: k }
+      events: [ConfidentialIssuesEvents, NoSuchEvents]
+";
+    let t = translate(&[input("es.yaml", es)]);
+    // Argo starts a new group at the newest record.
+    assert_eq!(
+        t.native["sources"]["mixed.orders"]["properties"]["auto.offset.reset"],
+        "latest"
+    );
+    let errs: Vec<String> = t.refused.iter().map(|e| e.to_string()).collect();
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("spec.gitlab.mr.events.1: GitLab hook option \"NoSuchEvents\"")),
+        "{errs:#?}"
+    );
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+
+    let start = HTTP_SENSOR.find("        http:").unwrap();
+    let end =
+        HTTP_SENSOR.find("          method: POST\n").unwrap() + "          method: POST\n".len();
+    let sensor = format!(
+        "{}        nats:\n          url: nats://n:4222\n          subject: \"out.{{x}}\"\n{}",
+        &HTTP_SENSOR[..start],
+        &HTTP_SENSOR[end..]
+    );
+    let t = translate(&[input("es.yaml", WEBHOOK_ES), input("s.yaml", &sensor)]);
+    assert!(
+        t.refused.iter().any(|e| e
+            .msg
+            .contains("template.nats.subject: a subject with `{` is not supported")),
         "{:?}",
         t.refused
     );

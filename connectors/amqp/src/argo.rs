@@ -19,8 +19,15 @@ pub fn source(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     };
     let mut creds = None;
     if let Some(mut a) = f.obj("auth") {
+        // Percent-encoded: a password with `@`, `:` or `/` must not end the URL's userinfo.
         match (a.secret("username"), a.secret("password")) {
-            (Some(u), Some(p)) => creds = Some(format!("{u}:{p}")),
+            (Some(u), Some(p)) => {
+                creds = Some(format!(
+                    "{}:{}",
+                    u.replacen("${secret:", "${secret-url:", 1),
+                    p.replacen("${secret:", "${secret-url:", 1)
+                ))
+            }
             _ => a.refuse_here("`auth` needs `username` and `password`"),
         }
     }
@@ -30,7 +37,11 @@ pub fn source(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
                 format!("{scheme}://{c}@{rest}")
             }
             (Some(_), _) => {
-                f.refuse("auth", "the url already carries credentials");
+                f.refuse_taken(
+                    "auth",
+                    "cannot be combined with a url that carries credentials, comes from \
+                     `urlSecret` or has no scheme",
+                );
                 u
             }
             (None, _) => u,

@@ -36,8 +36,17 @@ pub fn trigger(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
         _ => f.refuse_here("username and smtpPassword go together"),
     }
     for k in ["from", "subject", "body"] {
-        if let Some(v) = f.str(k) {
-            out.insert(k.into(), json!(v));
+        match f.str(k) {
+            // The sink's subject and body are templates over `{…}`; Argo's are literal.
+            Some(v) if v.contains('{') && k != "from" => f.refuse_taken(
+                k,
+                "a literal `{` is not supported (Sluice reads `{name}` as an attribute): set it \
+                 from the event with a trigger parameter instead",
+            ),
+            Some(v) => {
+                out.insert(k.into(), json!(v));
+            }
+            None => {}
         }
     }
     let to = f.strings("to").unwrap_or_default();

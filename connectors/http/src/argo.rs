@@ -77,9 +77,9 @@ pub fn http(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
     if !headers.is_empty() {
         out.insert("headers".into(), Value::Object(headers));
     }
-    if let Some(t) = f.uint("timeout") {
-        out.insert("timeout".into(), json!(format!("{t}s")));
-    }
+    // Argo's default is 60 s.
+    let t = f.uint("timeout").unwrap_or(60);
+    out.insert("timeout".into(), json!(format!("{t}s")));
     tls(f, &mut out);
     // Argo's `policy.status.allow`: the statuses that count as success.
     if let Some(p) = ctx.policy.take() {
@@ -125,14 +125,31 @@ pub fn slack(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
         ("attachments", "attachments"),
         ("blocks", "blocks"),
     ] {
-        if let Some(v) = f.str(from) {
-            out.insert(to.into(), json!(v));
+        match f.str(from) {
+            // The sink's channel and message are templates over `{…}`; Argo's are literal.
+            Some(v) if v.contains('{') && (from == "channel" || from == "message") => f
+                .refuse_taken(
+                    from,
+                    "a literal `{` is not supported (Sluice reads `{name}` as an attribute): \
+                     build the text with the Sensor's payload (`text`)",
+                ),
+            Some(v) => {
+                out.insert(to.into(), json!(v));
+            }
+            None => {}
         }
     }
     if let Some(mut t) = f.obj("thread") {
         let mut m = Map::new();
-        if let Some(k) = t.str("messageAggregationKey") {
-            m.insert("aggregation_key".into(), json!(k));
+        match t.str("messageAggregationKey") {
+            Some(k) if k.contains('{') => t.refuse_taken(
+                "messageAggregationKey",
+                "a literal `{` is not supported (Sluice reads `{name}` as an attribute)",
+            ),
+            Some(k) => {
+                m.insert("aggregation_key".into(), json!(k));
+            }
+            None => {}
         }
         if let Some(b) = t.bool("broadcastMessageToChannel") {
             m.insert("broadcast".into(), json!(b));

@@ -81,14 +81,10 @@ pub fn source(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
         None => f.refuse_here("`topic` is required"),
     }
     let mut group = None;
+    let mut oldest = false;
     if let Some(mut g) = f.obj("consumerGroup") {
         group = g.str("groupName");
-        if g.bool("oldest") == Some(false) {
-            g.note(
-                "oldest",
-                "a partition without a committed offset starts at its earliest record in Sluice",
-            );
-        }
+        oldest = g.bool("oldest") == Some(true);
         g.ignore(
             "rebalanceStrategy",
             "Sluice's consumer uses cooperative-sticky rebalancing",
@@ -118,10 +114,12 @@ pub fn source(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
         "config",
         "a sarama config is not supported: give librdkafka properties in native config",
     );
-    let props = security(f);
-    if !props.is_empty() {
-        out.insert("properties".into(), Value::Object(props));
+    let mut props = security(f);
+    if !oldest {
+        // Argo's default: a partition without a committed offset starts at the newest record.
+        props.insert("auto.offset.reset".into(), json!("latest"));
     }
+    out.insert("properties".into(), Value::Object(props));
     reconnects(f);
     no_source_filter(f);
     Value::Object(out)
@@ -140,14 +138,14 @@ pub fn trigger(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
         Some(t) if !t.contains('{') => {
             out.insert("topic".into(), json!(t));
         }
-        Some(_) => f.refuse("topic", "a topic with `{` is not supported"),
+        Some(_) => f.refuse_taken("topic", "a topic with `{` is not supported"),
         None => f.refuse_here("`topic` is required"),
     }
     match f.str("partitioningKey") {
         Some(k) if !k.contains('{') => {
             out.insert("key".into(), json!(k));
         }
-        Some(_) => f.refuse("partitioningKey", "a key with `{` is not supported"),
+        Some(_) => f.refuse_taken("partitioningKey", "a key with `{` is not supported"),
         None => {}
     }
     if f.bool("compress") == Some(true) {

@@ -76,7 +76,7 @@ pub fn trigger(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
         Some(s) if !s.contains('{') => {
             out.insert("subject".into(), json!(s));
         }
-        Some(_) => f.refuse("subject", "a subject with `{` is not supported"),
+        Some(_) => f.refuse_taken("subject", "a subject with `{` is not supported"),
         None => f.refuse_here("`subject` is required"),
     }
     if let Some(p) = f.list("payload") {

@@ -77,6 +77,13 @@ pub struct CreateStream {
     pub duplicate_window: HumanDuration,
     #[serde(default)]
     pub retention: Retention,
+    /// Messages older than this are removed (set when the stream is created). Default: kept.
+    #[serde(default)]
+    pub max_age: Option<HumanDuration>,
+    /// At most this many messages, the oldest removed first (set when the stream is created).
+    /// Default: no limit.
+    #[serde(default)]
+    pub max_messages: Option<i64>,
 }
 
 fn one() -> usize {
@@ -178,6 +185,10 @@ impl NatsConfig {
                         replicas: 1,
                         duplicate_window: HumanDuration::from_secs(300),
                         retention: Retention::Limits,
+                        // The limits of Argo's controller configuration, so the bus does not
+                        // grow without bound.
+                        max_age: Some(HumanDuration::from_secs(168 * 3600)),
+                        max_messages: Some(50_000),
                     }),
                 });
                 (
@@ -387,6 +398,8 @@ async fn ensure_stream(context: &jetstream::Context, js: &JetStreamConfig) -> Re
                         Retention::Interest => stream::RetentionPolicy::Interest,
                         Retention::Workqueue => stream::RetentionPolicy::WorkQueue,
                     },
+                    max_age: c.max_age.map(HumanDuration::get).unwrap_or_default(),
+                    max_messages: c.max_messages.unwrap_or(-1),
                     ..Default::default()
                 })
                 .await

@@ -18,7 +18,7 @@ pub fn source(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     }
     if let Some(tp) = f.str("topicProjectID") {
         if Some(&tp) != project.as_ref() {
-            f.refuse(
+            f.refuse_taken(
                 "topicProjectID",
                 "a topic in another project is not supported yet",
             );

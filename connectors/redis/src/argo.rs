@@ -16,6 +16,8 @@ fn connection(f: &mut Fields, out: &mut Map<String, Value>) {
         return;
     };
     let scheme = if tls.is_some() { "rediss" } else { "redis" };
+    // Percent-encoded: a password with `@`, `:` or `/` must not end the URL's userinfo.
+    let pass = pass.map(|p| p.replacen("${secret:", "${secret-url:", 1));
     let auth = match (user, pass) {
         (Some(u), Some(p)) => format!("{u}:{p}@"),
         (None, Some(p)) => format!(":{p}@"),

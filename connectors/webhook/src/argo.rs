@@ -148,16 +148,20 @@ pub fn gitlab(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
             "deleteHookOnFinish",
         ],
     );
-    // Argo's `events` are hook options (`PushEvents`); Sluice's are X-Gitlab-Event names.
+    // Argo's `events` are hook options (`PushEvents`); Sluice's are X-Gitlab-Event names. An
+    // option without a known header is refused: leaving it out would narrow the filter, and an
+    // empty list would mean every event.
     if let Some(ev) = v.as_object_mut().and_then(|m| m.remove("events")) {
-        let names: Vec<Value> = ev
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .filter_map(gitlab_event)
-            .map(|s| json!(s))
-            .collect();
+        let mut names = Vec::new();
+        for (i, o) in ev.as_array().into_iter().flatten().enumerate() {
+            match o.as_str().and_then(gitlab_event) {
+                Some(h) => names.push(json!(h)),
+                None => f.refuse_taken(
+                    &format!("events.{i}"),
+                    &format!("GitLab hook option {o} has no known X-Gitlab-Event header"),
+                ),
+            }
+        }
         v["events"] = Value::Array(names);
     }
     v
@@ -168,14 +172,20 @@ fn gitlab_event(option: &str) -> Option<&'static str> {
     Some(match option {
         "PushEvents" => "Push Hook",
         "TagPushEvents" => "Tag Push Hook",
-        "IssuesEvents" | "ConfidentialIssuesEvents" => "Issue Hook",
-        "ConfidentialNoteEvents" | "NoteEvents" => "Note Hook",
+        "IssuesEvents" => "Issue Hook",
+        "ConfidentialIssuesEvents" => "Confidential Issue Hook",
+        "NoteEvents" => "Note Hook",
+        "ConfidentialNoteEvents" => "Confidential Note Hook",
         "MergeRequestsEvents" => "Merge Request Hook",
         "JobEvents" => "Job Hook",
         "PipelineEvents" => "Pipeline Hook",
         "WikiPageEvents" => "Wiki Page Hook",
         "DeploymentEvents" => "Deployment Hook",
         "ReleasesEvents" => "Release Hook",
+        "EmojiEvents" => "Emoji Hook",
+        "FeatureFlagEvents" => "Feature Flag Hook",
+        "MemberEvents" => "Member Hook",
+        "SubGroupEvents" => "Subgroup Hook",
         _ => return None,
     })
 }

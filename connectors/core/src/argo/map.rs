@@ -211,7 +211,15 @@ impl Fields {
         let mut sel = self.obj(key)?;
         let (name, k) = (sel.str("name"), sel.str("key"));
         sel.ignore("optional", "a missing secret is always an error in Sluice");
+        let bad = |s: &str| s.is_empty() || s.contains(['{', '}', '/', '$']) || s.contains("..");
         match (name, k) {
+            (Some(n), Some(k)) if bad(&n) || bad(&k) => {
+                sel.refuse_here(&format!(
+                    "secret {n:?} key {k:?}: a name or key with `{{`, `}}`, `/`, `$` or `..` \
+                     cannot be read"
+                ));
+                None
+            }
             (Some(n), Some(k)) => Some(format!("${{secret:{n}/{k}}}")),
             _ => {
                 sel.refuse_here("a secret selector needs `name` and `key`");
@@ -233,6 +241,12 @@ impl Fields {
             self.notes
                 .push(self.path_of(key), NoteKind::Refused, why.to_owned());
         }
+    }
+
+    /// Refuses a field already taken (its value was read and found wanting).
+    pub fn refuse_taken(&mut self, key: &str, why: &str) {
+        self.notes
+            .push(self.path_of(key), NoteKind::Refused, why.to_owned());
     }
 
     /// Refuses this whole object.
