@@ -538,8 +538,9 @@ pub async fn start_sink_joined<C: crate::SinkConfig>(
 ///
 /// 1. a bad config is refused by `validate` with a message;
 /// 2. delivered means the peer has it: once a unit's outcome says delivered, `held()` (what the
-///    peer holds now, one byte string per message: the body, or the whole record) shows every
-///    event of it, for a unit of one event and a unit of five;
+///    peer holds, one byte string per message: the body, or the whole record) shows every event
+///    of it, for a unit of one event and a unit of five (read again for up to 5 s, for peers
+///    that show what they took only a moment later);
 /// 3. the standard telemetry: `sluice_events_delivered_total{sink}` counts them;
 /// 4. drain: events handed over, then the input closed while they are in flight: each is
 ///    still delivered, and the sink's task returns `Ok` by itself;
@@ -589,7 +590,11 @@ pub async fn sink_compliance<C: crate::SinkConfig>(
             outcome.is_delivered(),
             "{name}: a unit of {size} was not delivered: {outcome:?}"
         );
-        let records = held().await;
+        let records = read_back(
+            &mut held,
+            &(next..next + size).map(marker).collect::<Vec<_>>(),
+        )
+        .await;
         for i in next..next + size {
             assert!(
                 has(&records, &marker(i)),
@@ -626,7 +631,7 @@ pub async fn sink_compliance<C: crate::SinkConfig>(
         .unwrap_or_else(|_| panic!("{name}: the sink did not return once its input ended"))
         .expect("the task ran")
         .unwrap_or_else(|e| panic!("{name}: the sink returned an error after its drain: {e}"));
-    let records = held().await;
+    let records = read_back(&mut held, &(next..next + 4).map(marker).collect::<Vec<_>>()).await;
     for i in next..next + 4 {
         assert!(
             has(&records, &marker(i)),
@@ -709,6 +714,28 @@ pub async fn http_post(
     }
     let line = String::from_utf8_lossy(&got);
     line.split(' ').nth(1)?.trim().parse().ok()
+}
+
+/// What the peer holds, read until every marker is there or 5 s passed: some peers can only be
+/// read back a moment later (a Pub/Sub pull may return part of what is there, a subscriber gets
+/// what the broker forwards after its acknowledgement).
+async fn read_back(
+    held: &mut impl FnMut() -> crate::BoxFuture<'static, Vec<Vec<u8>>>,
+    markers: &[String],
+) -> Vec<Vec<u8>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let records = held().await;
+        let all = markers.iter().all(|m| {
+            records
+                .iter()
+                .any(|r| memchr::memmem::find(r, m.as_bytes()).is_some())
+        });
+        if all || tokio::time::Instant::now() >= deadline {
+            return records;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The compliance check every HTTP push source (the webhook family, `sns`) passes, observed
