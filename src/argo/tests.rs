@@ -523,7 +523,7 @@ fn two_event_sources_of_one_name_are_refused_and_dead_letter_triggers_get_their_
 }
 
 #[test]
-fn sources_publish_to_the_event_bus_with_argo_names_and_sns_is_refused() {
+fn every_mapped_type_publishes_to_the_event_bus_with_argo_names() {
     let es = "\
 apiVersion: argoproj.io/v1alpha1
 kind: EventSource
@@ -545,7 +545,7 @@ spec:
     assert_eq!(t.native_routes.len(), 2);
     crate::config::parse_with("<none>", "", t.generated).unwrap_or_else(|e| panic!("{e}"));
 
-    // The git providers carry the names too; `sns` does not yet, so it is refused with a bus.
+    // The git providers carry the names too.
     let gh = "\
 apiVersion: argoproj.io/v1alpha1
 kind: EventSource
@@ -558,6 +558,7 @@ spec:
     assert!(t.refused.is_empty(), "{:?}", t.refused);
     assert_eq!(t.native["sources"]["git.push"]["source"], "git");
     assert_eq!(t.native["sources"]["git.push"]["subject"], "push");
+    // So do sns and resource: every mapped type publishes with Argo's names.
     let sns = "\
 apiVersion: argoproj.io/v1alpha1
 kind: EventSource
@@ -565,15 +566,15 @@ metadata: { name: aws }
 spec:
   sns:
     alerts: { webhook: { port: \"12001\", endpoint: /sns }, topicArn: \"arn:aws:sns:us-east-1:1:t\" }
+  resource:
+    pods: { version: v1, resource: pods }
 ";
     let t = translate(&[input("bus.yaml", BUS), input("sns.yaml", sns)]);
-    assert!(
-        t.refused[0]
-            .msg
-            .contains("cannot publish to the EventBus yet"),
-        "{:?}",
-        t.refused
-    );
+    assert!(t.refused.is_empty(), "{:?}", t.refused);
+    assert_eq!(t.native["sources"]["aws.alerts"]["subject"], "alerts");
+    assert_eq!(t.native["sources"]["aws.pods"]["source"], "aws");
+    assert_eq!(t.native_routes.len(), 2);
+    crate::config::parse_with("<none>", "", t.generated).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]

@@ -101,8 +101,6 @@ pub fn lambda(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
 /// Argo's `sns` EventSource: the HTTPS endpoint SNS posts to.
 pub fn sns(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     let mut out = argo_source(ctx, f);
-    out.remove("source");
-    out.remove("subject");
     match f.obj("webhook") {
         Some(mut w) => {
             match w.str("port") {

@@ -88,6 +88,12 @@ pub struct SnsSourceConfig {
     /// `argo`: `data.metadata`.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// `argo`: the events' `source` (Argo's EventSource name). Default: the source's name.
+    #[serde(default, rename = "source")]
+    pub event_source: Option<String>,
+    /// `argo`: the events' `subject` (Argo's event name). Default: the source's name.
+    #[serde(default, rename = "subject")]
+    pub event_subject: Option<String>,
     /// Serve HTTPS with this certificate (SNS posts to `https://` endpoints only with a
     /// certificate a public CA signed).
     pub tls: Option<ServerTls>,
@@ -741,8 +747,10 @@ impl Endpoint {
                 serde_json::from_slice(body).map_err(|e| e.to_string())?;
             let data =
                 serde_json::json!({"header": h, "body": envelope, "metadata": self.metadata});
-            return Ok(Event::new(&*env.message_id, &*self.name, "sns")
-                .with_subject(&*self.name)
+            let source = self.cfg.event_source.as_deref().unwrap_or(&self.name);
+            let subject = self.cfg.event_subject.as_deref().unwrap_or(&self.name);
+            return Ok(Event::new(&*env.message_id, source, "sns")
+                .with_subject(subject)
                 .with_time(Timestamp::now())
                 .with_json(serde_json::to_vec(&data).map_err(|e| e.to_string())?));
         }

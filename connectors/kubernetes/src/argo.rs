@@ -130,8 +130,6 @@ pub fn argo_workflow(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
 /// Argo's `resource` EventSource.
 pub fn resource(ctx: &EventCtx<'_>, f: &mut Fields) -> Value {
     let mut out = argo_source(ctx, f);
-    out.remove("source");
-    out.remove("subject");
     for k in ["group", "version", "resource", "namespace"] {
         if let Some(v) = f.str(k) {
             out.insert(k.into(), json!(v));

@@ -130,6 +130,13 @@ kube_options! {
         /// memory: the objects instead of uid + resourceVersion).
         #[serde(default, rename = "oldBody")]
         pub old_body: bool,
+        /// `argo`: the events' `source` (Argo's EventSource name). Default: the source's
+        /// name.
+        #[serde(default, rename = "source")]
+        pub event_source: Option<String>,
+        /// `argo`: the events' `subject` (Argo's event name). Default: the source's name.
+        #[serde(default, rename = "subject")]
+        pub event_subject: Option<String>,
         /// `native` (default) or `argo`.
         #[serde(default)]
         pub format: Format,
@@ -341,7 +348,10 @@ impl SourceConfig for K8sSourceConfig {
                         None => format!("{base}/{}", self.resource),
                     }
                 }
-                Format::Argo => ctx.name.clone(),
+                Format::Argo => self
+                    .event_source
+                    .clone()
+                    .unwrap_or_else(|| ctx.name.clone()),
             };
             tracing::info!(source = %ctx.name, resource = %kind.gr(), namespace = ns.as_deref().unwrap_or("*"),
                 known_objects = seen.len(), "k8s: watching");
@@ -670,7 +680,13 @@ impl Watch {
                     None => name.to_owned(),
                 },
             ),
-            Format::Argo => ("resource".to_owned(), self.name.clone()),
+            Format::Argo => (
+                "resource".to_owned(),
+                self.cfg
+                    .event_subject
+                    .clone()
+                    .unwrap_or_else(|| self.name.clone()),
+            ),
         };
         Some(
             Event::new(c.id.clone(), self.source.clone(), ty)

@@ -612,7 +612,7 @@ async fn old_body_and_argo_naming() {
     let mut rig = SourceRig::new("argo-watch");
     let cfg: K8sSourceConfig = serde_json::from_value(json!({"kubeconfig": kc(), "group": "argoproj.io", "version": "v1alpha1",
         "resource": "workflows", "namespace": ns, "oldBody": true, "format": "argo", "eventTypes": ["UPDATE"],
-        "metadata": {"team": "data"}})).unwrap();
+        "metadata": {"team": "data"}, "source": "resource-es", "subject": "workflows"})).unwrap();
     let task = tokio::spawn(
         Box::new(cfg)
             .build(rig.context("argo-watch"))
@@ -637,8 +637,9 @@ async fn old_body_and_argo_naming() {
     .unwrap();
     let item = cap.next_within(Duration::from_secs(10)).await;
     assert_eq!(item.event.ty.as_str(), "resource");
-    assert_eq!(item.event.source.as_str(), "argo-watch");
-    assert_eq!(item.event.subject.as_deref(), Some("argo-watch"));
+    // Argo's names, as `sluice run -f` sets them (source = EventSource, subject = event).
+    assert_eq!(item.event.source.as_str(), "resource-es");
+    assert_eq!(item.event.subject.as_deref(), Some("workflows"));
     let data: Value = serde_json::from_slice(item.event.data.as_bytes().unwrap()).unwrap();
     assert_eq!(data["type"], "UPDATE");
     assert_eq!(data["oldBody"]["spec"]["step"], 1);
