@@ -403,8 +403,10 @@ pub fn object_parameters(ctx: &mut TriggerCtx<'_>, list: Vec<Value>, f: &Fields)
         let raw = src.get("useRawData").and_then(Value::as_bool) == Some(true);
         let key = format!("p{i}");
         payload.push(json!({ "src": src, "dest": key }));
+        // Optional: a dependency without an event (an OR condition) leaves the field as it is,
+        // as Argo does.
         let mut sp = json!({
-            "src": { "dataKey": key, "useRawData": raw },
+            "src": { "dataKey": key, "useRawData": raw, "optional": true },
             "dest": dest,
         });
         if let Some(op) = pf.str("operation") {
@@ -534,7 +536,7 @@ mod tests {
         assert_eq!(
             sink,
             vec![
-                json!({"src": {"dataKey": "p0", "useRawData": false}, "dest": "spec.a", "operation": "append"})
+                json!({"src": {"dataKey": "p0", "useRawData": false, "optional": true}, "dest": "spec.a", "operation": "append"})
             ]
         );
         assert_eq!(

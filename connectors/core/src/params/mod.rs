@@ -52,6 +52,11 @@ pub struct SrcConfig {
     /// Insert a resolved non-string value (number, object, …) as JSON, not as its text.
     #[serde(default, rename = "useRawData")]
     pub use_raw_data: bool,
+    /// Beyond Argo: when nothing resolves and there is no `value`, leave the destination as it
+    /// is instead of failing (what `sluice run -f` sets on the object parameters a Sensor
+    /// resolved for a k8s trigger: Argo skips a parameter whose dependency has no event).
+    #[serde(default)]
+    pub optional: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -72,6 +77,7 @@ pub struct Param {
     context_template: Option<Tmpl>,
     value: Option<String>,
     raw: bool,
+    optional: bool,
     dest: Vec<Seg>,
     pub dest_text: String,
     op: Operation,
@@ -135,6 +141,7 @@ impl Param {
             context_template: t(&cfg.src.context_template, "contextTemplate")?,
             value: cfg.src.value.clone(),
             raw: cfg.src.use_raw_data,
+            optional: cfg.src.optional,
             dest: parse_dest(&cfg.dest),
             dest_text: cfg.dest.clone(),
             op: cfg.operation,
@@ -159,6 +166,17 @@ impl Param {
     /// all its parameters); it answers `None` when the data is not JSON. No `lookup`, or
     /// `None` from it: the data is read here.
     pub fn resolve_with<'k>(
+        &'k self,
+        event: Option<&Event>,
+        lookup: Option<&dyn Fn(&'k str) -> Option<gjson::Value<'k>>>,
+    ) -> Result<Resolved, String> {
+        match self.resolve_required(event, lookup) {
+            Err(_) if self.optional => Ok(Resolved::Skip),
+            r => r,
+        }
+    }
+
+    fn resolve_required<'k>(
         &'k self,
         event: Option<&Event>,
         lookup: Option<&dyn Fn(&'k str) -> Option<gjson::Value<'k>>>,
@@ -408,6 +426,28 @@ mod tests {
             .with_json(
                 r#"{"ref":"refs/heads/main","size":12,"head":{"id":"abc"},"msg":"hello world"}"#,
             )
+    }
+
+    #[test]
+    fn an_optional_parameter_that_resolves_nothing_is_skipped() {
+        let e = event();
+        let required = param(serde_json::json!({"dataKey": "nope"}), "x", "overwrite");
+        assert!(required.resolve(Some(&e)).is_err());
+        let optional = param(
+            serde_json::json!({"dataKey": "nope", "optional": true}),
+            "x",
+            "overwrite",
+        );
+        assert_eq!(optional.resolve(Some(&e)).unwrap(), Resolved::Skip);
+        let found = param(
+            serde_json::json!({"dataKey": "size", "optional": true}),
+            "x",
+            "overwrite",
+        );
+        assert_eq!(
+            found.resolve(Some(&e)).unwrap(),
+            Resolved::Value(Value::String("12".into()))
+        );
     }
 
     #[test]
