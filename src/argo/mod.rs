@@ -368,10 +368,19 @@ fn kubernetes_only(f: &mut Fields, what: &str) {
     );
 }
 
-/// An EventBus document Sluice connects to: Argo's JetStream bus.
-pub(crate) struct Bus {
-    pub url: String,
-    pub tls: Option<Value>,
+/// An EventBus document Sluice connects to.
+pub(crate) enum Bus {
+    /// Argo's JetStream bus: stream `default`, subjects `default.<es>.<event>`.
+    JetStream { url: String, tls: Option<Value> },
+    /// Argo's Kafka bus: one topic, key `<es>.<event>`, the structured event as the value.
+    Kafka {
+        brokers: String,
+        topic: String,
+        /// `consumerGroup.groupName`: the Sensors' group (else `<namespace>-<sensor>`).
+        group: Option<String>,
+        /// `consumerGroup.oldest`: a new group starts at the oldest record.
+        oldest: bool,
+    },
 }
 
 impl Bus {
@@ -380,13 +389,90 @@ impl Bus {
         format!("eventbus.{name}")
     }
 
-    /// The `nats` sink that publishes as Argo's EventSources do.
+    /// The sink that publishes as Argo's EventSources do.
     pub fn sink(&self) -> Value {
-        let mut v = json!({"kind": "nats", "url": self.url, "format": "argo-eventbus"});
-        if let Some(t) = &self.tls {
-            v["tls"] = t.clone();
+        match self {
+            Bus::JetStream { url, tls } => {
+                let mut v = json!({"kind": "nats", "url": url, "format": "argo-eventbus"});
+                if let Some(t) = tls {
+                    v["tls"] = t.clone();
+                }
+                v
+            }
+            Bus::Kafka { brokers, topic, .. } => json!({
+                "kind": "kafka",
+                "brokers": brokers,
+                "topic": topic,
+                "key": "{source}.{subject}",
+                "mode": "structured",
+            }),
         }
-        v
+    }
+
+    /// The source a Sensor reads the bus with, for the dependencies' `(eventSourceName,
+    /// eventName)` pairs.
+    pub fn sensor_source(
+        &self,
+        sensor: &str,
+        namespace: Option<&str>,
+        deps: &[(String, String)],
+    ) -> Value {
+        match self {
+            Bus::JetStream { url, tls } => {
+                let mut subjects: Vec<String> = deps
+                    .iter()
+                    .map(|(es, ev)| format!("default.{es}.{ev}"))
+                    .collect();
+                subjects.sort();
+                subjects.dedup();
+                // A durable consumer per Sensor, created at the end of the stream (Argo's
+                // DeliverNew: a new Sensor does not replay the bus's history).
+                let consumer: String = format!("sluice-{sensor}")
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                let mut src = json!({
+                    "kind": "jetstream",
+                    "url": url,
+                    "format": "argo-eventbus",
+                    "consumer": consumer,
+                    "filter_subjects": subjects,
+                    "deliver": "new",
+                });
+                if let Some(t) = tls {
+                    src["tls"] = t.clone();
+                }
+                src
+            }
+            Bus::Kafka {
+                brokers,
+                topic,
+                group,
+                oldest,
+            } => {
+                let group = group
+                    .clone()
+                    .unwrap_or_else(|| format!("{}-{sensor}", namespace.unwrap_or("argo-events")));
+                let mut src = json!({
+                    "kind": "kafka",
+                    "brokers": brokers,
+                    "topics": [topic],
+                    "group": group,
+                    "format": "argo-eventbus",
+                });
+                if !oldest {
+                    // Argo's default: a new group starts at the newest record.
+                    src["properties"] = json!({"auto.offset.reset": "latest"});
+                }
+                src
+            }
+        }
     }
 }
 
@@ -430,7 +516,7 @@ fn bus(doc: &Doc, t: &mut Translation) -> Option<Bus> {
                  stay the server's",
             );
             match url {
-                Some(url) => out = Some(Bus { url, tls }),
+                Some(url) => out = Some(Bus::JetStream { url, tls }),
                 None => js.refuse_here("`url` is required"),
             }
         }
@@ -442,7 +528,7 @@ fn bus(doc: &Doc, t: &mut Translation) -> Option<Bus> {
                 );
             }
             match std::env::var(EVENTBUS_URL_ENV) {
-                Ok(url) => out = Some(Bus { url, tls: None }),
+                Ok(url) => out = Some(Bus::JetStream { url, tls: None }),
                 Err(_) => js.refuse_here(&format!(
                     "Argo's managed bus is reached through its Service, with TLS and generated \
                      credentials: give its URL with --eventbus-url (or {EVENTBUS_URL_ENV}), or \
@@ -450,13 +536,49 @@ fn bus(doc: &Doc, t: &mut Translation) -> Option<Bus> {
                 )),
             }
         }
-        spec.refuse("kafka", "the Kafka EventBus is not supported yet");
+        if let Some(mut k) = spec.obj("kafka") {
+            let brokers = k.str("url");
+            let topic = k.str("topic").unwrap_or_else(|| {
+                format!(
+                    "{}-{}",
+                    doc.namespace.as_deref().unwrap_or("argo-events"),
+                    doc.name
+                )
+            });
+            let (mut group, mut oldest) = (None, false);
+            if let Some(mut g) = k.obj("consumerGroup") {
+                group = g.str("groupName");
+                oldest = g.bool("oldest") == Some(true);
+                g.ignore(
+                    "rebalanceStrategy",
+                    "Sluice's consumer uses cooperative-sticky rebalancing",
+                );
+            }
+            k.ignore("version", "librdkafka negotiates the protocol version");
+            k.ignore(
+                "partitioner",
+                "records are keyed `<eventSourceName>.<eventName>` and placed by the key's hash",
+            );
+            k.refuse("tls", "not supported yet on the Kafka EventBus");
+            k.refuse("sasl", "not supported yet on the Kafka EventBus");
+            match brokers {
+                Some(brokers) => {
+                    out = Some(Bus::Kafka {
+                        brokers,
+                        topic,
+                        group,
+                        oldest,
+                    })
+                }
+                None => k.refuse_here("`url` (the brokers) is required"),
+            }
+        }
         spec.refuse(
             "nats",
             "the NATS Streaming (STAN) EventBus is deprecated and not supported",
         );
         if out.is_none() && !notes.refused() {
-            spec.refuse_here("an EventBus needs `jetstream` or `jetstreamExotic`");
+            spec.refuse_here("an EventBus needs `jetstream`, `jetstreamExotic` or `kafka`");
         }
     }
     t.take_notes(doc, &notes);

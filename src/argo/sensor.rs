@@ -73,7 +73,7 @@ pub(super) fn translate(
 
         let mut deps = Vec::new();
         let mut dep_names = Vec::new();
-        let mut bus_subjects: Vec<String> = Vec::new();
+        let mut bus_deps: Vec<(String, String)> = Vec::new();
         for (i, d) in spec
             .list("dependencies")
             .unwrap_or_default()
@@ -105,7 +105,7 @@ pub(super) fn translate(
                         );
                         continue;
                     }
-                    bus_subjects.push(format!("default.{es}.{ev}"));
+                    bus_deps.push((es.clone(), ev.clone()));
                     b.clone()
                 }
                 (Some(src), None) => src.clone(),
@@ -151,31 +151,7 @@ pub(super) fn translate(
             spec.refuse_here("a Sensor needs at least one dependency it can wire");
         }
         if let Some((bus_name, b)) = &bus {
-            bus_subjects.sort();
-            bus_subjects.dedup();
-            // A durable consumer per Sensor, created at the end of the stream (Argo's
-            // DeliverNew: a new Sensor does not replay the bus's history).
-            let consumer: String = format!("sluice-{}", doc.name)
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect();
-            let mut src = json!({
-                "kind": "jetstream",
-                "url": b.url,
-                "format": "argo-eventbus",
-                "consumer": consumer,
-                "filter_subjects": bus_subjects,
-                "deliver": "new",
-            });
-            if let Some(tls) = &b.tls {
-                src["tls"] = tls.clone();
-            }
+            let src = b.sensor_source(&doc.name, doc.namespace.as_deref(), &bus_deps);
             bus_source = Some((format!("{}.{}", Bus::sink_name(bus_name), doc.name), src));
         }
         sensor.insert("dependencies".into(), Value::Array(deps));

@@ -484,21 +484,47 @@ spec:
     std::env::set_var(EVENTBUS_URL_ENV, "nats://bus:4222");
     let t = translate(&[input("bus.yaml", managed)]);
     assert!(t.refused.is_empty(), "{:?}", t.refused);
-    let kafka = "\
+    let stan = "\
 apiVersion: argoproj.io/v1alpha1
 kind: EventBus
 metadata: { name: default }
 spec:
-  kafka: { url: k:9092 }
+  nats: { native: {} }
 ";
-    let t = translate(&[input("bus.yaml", kafka)]);
-    assert!(
-        t.refused[0]
-            .msg
-            .contains("Kafka EventBus is not supported yet"),
-        "{:?}",
-        t.refused
+    let t = translate(&[input("bus.yaml", stan)]);
+    assert!(t.refused[0].msg.contains("deprecated"), "{:?}", t.refused);
+}
+
+#[test]
+fn the_kafka_event_bus_both_ways() {
+    let bus = "\
+apiVersion: argoproj.io/v1alpha1
+kind: EventBus
+metadata: { name: default, namespace: argo-events }
+spec:
+  kafka: { url: \"k1:9092,k2:9092\", version: \"3.6.0\" }
+";
+    let sensor = HTTP_SENSOR.replace(
+        "  name: webhook\n",
+        "  name: webhook\n  namespace: argo-events\n",
     );
+    let t = translate(&[
+        input("bus.yaml", bus),
+        input("es.yaml", WEBHOOK_ES),
+        input("s.yaml", &sensor),
+    ]);
+    assert!(t.refused.is_empty(), "{:?}", t.refused);
+    let sink = &t.native["sinks"]["eventbus.default"];
+    assert_eq!(sink["kind"], "kafka");
+    assert_eq!(sink["topic"], "argo-events-default");
+    assert_eq!(sink["key"], "{source}.{subject}");
+    assert_eq!(sink["mode"], "structured");
+    let src = &t.native["sources"]["eventbus.default.webhook"];
+    assert_eq!(src["kind"], "kafka");
+    assert_eq!(src["format"], "argo-eventbus");
+    assert_eq!(src["group"], "argo-events-webhook");
+    assert_eq!(src["properties"]["auto.offset.reset"], "latest");
+    crate::config::parse_with("<none>", "", t.generated).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]

@@ -459,3 +459,124 @@ fn argo_manifests_from_stdin_and_convert() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Argo's Kafka EventBus, both ways, on librdkafka's mock cluster: a request to a Sluice
+/// EventSource lands on the bus topic as Argo writes it (key `<eventSourceName>.<eventName>`,
+/// the structured CloudEvent as the value), and a record written as Argo writes it fires a
+/// Sluice Sensor whose EventSource stays elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn argo_kafka_eventbus_both_ways() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let cluster = rdkafka::mocking::MockCluster::new(1).expect("librdkafka mock cluster");
+    cluster.create_topic("argo-events-default", 1, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let (target, mut got) = scripted_target(vec![("/hello", vec![200])]).await;
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/argo/corpus");
+    let read = |p: &str| std::fs::read_to_string(corpus.join(p)).unwrap();
+    let manifests = dir.path().join("argo");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("eventbus.yaml"),
+        format!("apiVersion: argoproj.io/v1alpha1\nkind: EventBus\nmetadata:\n  name: default\n  namespace: argo-events\nspec:\n  kafka:\n    url: {bootstrap}\n    consumerGroup:\n      oldest: true\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        manifests.join("webhook.yaml"),
+        read("event-sources/webhook.yaml").replace("\"12000\"", &format!("\"{port}\"")),
+    )
+    .unwrap();
+    std::fs::write(
+        manifests.join("sensor.yaml"),
+        read("sensors/http-trigger.yaml")
+            .replace("eventSourceName: minio", "eventSourceName: argo-webhook")
+            .replace("notification.0.s3.bucket.name", "body.bucket")
+            .replace(
+                "http://http-server.argo-events.svc:8090/hello",
+                &format!("http://127.0.0.1:{target}/hello"),
+            ),
+    )
+    .unwrap();
+    let args = vec!["-f".to_owned(), manifests.display().to_string()];
+    let mut d = Daemon::start_with_args(dir.path(), "", &args);
+    d.wait_ready().await;
+
+    // Sluice → Argo.
+    let hook = SocketAddr::from(([127, 0, 0, 1], port));
+    let (status, _) = request(
+        hook,
+        "POST",
+        "/example",
+        &[("content-type", "application/json")],
+        br#"{"message": "to argo"}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let b = bootstrap.clone();
+    let (key, value) = tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &b)
+            .set("group.id", "argo-sensor-stand-in")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition_offset("argo-events-default", 0, rdkafka::Offset::Beginning)
+            .unwrap();
+        consumer.assign(&tpl).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < deadline, "no record on the bus topic");
+            let Some(m) = consumer.poll(Duration::from_millis(100)) else {
+                continue;
+            };
+            let m = m.unwrap();
+            return (
+                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                m.payload().unwrap_or_default().to_vec(),
+            );
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(key, "webhook.example");
+    let ce: Value = serde_json::from_slice(&value).unwrap();
+    assert_eq!(
+        (ce["source"].as_str(), ce["subject"].as_str()),
+        (Some("webhook"), Some("example"))
+    );
+    assert_eq!(
+        ce["data"]["body"],
+        serde_json::json!({"message": "to argo"})
+    );
+
+    // Argo → Sluice: a record as Argo's Kafka EventBus writes it (no headers).
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let body = r#"{"specversion":"1.0","id":"77aa","source":"argo-webhook","type":"webhook","subject":"example","datacontenttype":"application/json","time":"2026-12-07T10:00:00Z","data":{"header":{},"body":{"bucket":"from-argo"}}}"#;
+    producer
+        .send(
+            FutureRecord::to("argo-events-default")
+                .key("argo-webhook.example")
+                .payload(body),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let (path, payload) = tokio::time::timeout(Duration::from_secs(20), got.recv())
+        .await
+        .unwrap_or_else(|_| panic!("the Sensor did not fire; log:\n{}", d.stderr_tail()))
+        .unwrap();
+    assert_eq!(path, "/hello");
+    assert_eq!(
+        payload,
+        serde_json::json!({"bucket": "from-argo", "type": "webhook"})
+    );
+    assert!(d.stop().success());
+}

@@ -63,7 +63,7 @@ pub enum OnRejected {
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum SourceFormat {
     /// The CloudEvents Kafka binding (binary or structured, passed through); plain records
     /// wrapped (default).
@@ -72,6 +72,9 @@ pub enum SourceFormat {
     /// Argo Events' Kafka event: type `kafka`, data `{topic, key, partition, body, timestamp,
     /// headers, metadata}`.
     Argo,
+    /// Argo Events' Kafka EventBus: each value is a structured CloudEvent in JSON, with no
+    /// content type (what Argo's EventSources write); passed through as it is.
+    ArgoEventbus,
 }
 
 /// `kind: kafka` source options.
@@ -718,6 +721,12 @@ impl KafkaSource {
                     )
                     .with_json(data),
             ));
+        }
+        if self.format == SourceFormat::ArgoEventbus {
+            return match payload {
+                Some(p) => sluice_core::format::decode_event(&p).map(Box::new),
+                None => Err(EventError("an Argo EventBus record without a value".into())),
+            };
         }
         let is_ce = headers.iter().any(|(k, v)| {
             *k == "ce_specversion"

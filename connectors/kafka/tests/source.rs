@@ -638,3 +638,53 @@ async fn the_lag_counts_the_records_not_yet_delivered_in_order() {
     lag_is(0.0, "every record delivered").await;
     wait_committed(&bs, "g-lag", "lag", &[10]).await;
 }
+
+/// `format: argo-eventbus`: a record as Argo's Kafka EventBus writes it (the structured
+/// CloudEvent as the value, key `<eventSourceName>.<eventName>`, no headers) passes through as
+/// the event it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn argo_eventbus_records_are_the_events_they_hold() {
+    let c = cluster();
+    let bootstrap = c.bootstrap_servers();
+    c.create_topic("argo-bus", 1, 1).unwrap();
+    let p: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let ce = r#"{"specversion":"1.0","id":"a1b2","source":"webhook","type":"webhook","subject":"example","datacontenttype":"application/json","time":"2026-12-07T10:00:00Z","data":{"header":{},"body":{"n":1}}}"#;
+    p.send_result(
+        FutureRecord::to("argo-bus")
+            .key("webhook.example")
+            .payload(ce),
+    )
+    .map_err(|(e, _)| e)
+    .unwrap()
+    .await
+    .unwrap()
+    .unwrap();
+    let mut rig = SourceRig::new("k-argo-bus");
+    let mut cap = rig.capture();
+    let task = start(
+        "k-argo-bus",
+        serde_json::json!({"brokers": bootstrap, "topics": ["argo-bus"], "group": "g-argo-bus",
+               "start": "earliest", "format": "argo-eventbus"}),
+        &mut rig,
+    )
+    .await;
+    let item = cap.next_within(Duration::from_secs(15)).await;
+    let e = &item.event;
+    assert_eq!(
+        (
+            e.id.as_str(),
+            e.source.as_str(),
+            e.ty.as_str(),
+            e.subject.as_deref()
+        ),
+        ("a1b2", "webhook", "webhook", Some("example"))
+    );
+    let data: serde_json::Value = serde_json::from_slice(e.data.as_bytes().unwrap()).unwrap();
+    assert_eq!(data["body"]["n"], 1);
+    item.delivery.delivered();
+    rig.shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}
