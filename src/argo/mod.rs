@@ -17,7 +17,7 @@ use sluice_core::argo::map::{EventCtx, Fields, NoteKind, Notes};
 use crate::config::{ConfigError, ConfigErrors, Generated, Pos, Positions};
 use crate::registry::{self, ArgoMap, Role};
 
-pub use secrets::{secret, secret_file, secret_url, DEFAULT_SECRETS_DIR};
+pub use secrets::{secret, secret_basic, secret_file, secret_url, DEFAULT_SECRETS_DIR};
 
 /// One input file (or stdin), read whole.
 pub struct Input {

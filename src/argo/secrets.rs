@@ -79,6 +79,20 @@ pub fn secret_url(sel: &str) -> Result<String, String> {
     secret(sel).map(|v| percent_encoding::utf8_percent_encode(&v, USERINFO).to_string())
 }
 
+/// An HTTP basic `Authorization` value from two secrets, `USER_NAME/USER_KEY,PASS_NAME/PASS_KEY`:
+/// `Basic base64(user:password)`.
+pub fn secret_basic(sels: &str) -> Result<String, String> {
+    use base64::Engine;
+    let (u, p) = sels
+        .split_once(',')
+        .ok_or_else(|| format!("`{sels}` is not two secret selectors NAME/KEY,NAME/KEY"))?;
+    let creds = format!("{}:{}", secret(u)?, secret(p)?);
+    Ok(format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(creds)
+    ))
+}
+
 /// The path of secret `NAME/KEY`'s file (for options that read a file: certificates, keys).
 pub fn secret_file(sel: &str) -> Result<String, String> {
     let (name, key) = split(sel)?;

@@ -649,3 +649,26 @@ spec:
         t.refused
     );
 }
+
+#[test]
+fn http_basic_auth_becomes_an_authorization_header_from_two_secrets() {
+    let sensor = HTTP_SENSOR.replace(
+        "          method: POST\n",
+        "          method: POST\n          basicAuth:\n            username: { name: creds, key: user }\n            password: { name: creds, key: pass }\n",
+    );
+    let t = translate(&[input("es.yaml", WEBHOOK_ES), input("s.yaml", &sensor)]);
+    assert!(t.refused.is_empty(), "{:?}", t.refused);
+    assert_eq!(
+        t.native["sinks"]["webhook.http-trigger"]["headers"]["authorization"],
+        "${secret-basic:creds/user,creds/pass}"
+    );
+    std::env::set_var(secrets::env_name("creds", "user"), "aladdin");
+    std::env::set_var(secrets::env_name("creds", "pass"), "opensesame");
+    assert_eq!(
+        secret_basic("creds/user,creds/pass").unwrap(),
+        "Basic YWxhZGRpbjpvcGVuc2VzYW1l"
+    );
+    // And the native config reads it.
+    std::env::set_var("SLUICE_SECRETS_DIR", "/nonexistent");
+    crate::config::parse_with("<none>", "", t.generated).unwrap_or_else(|e| panic!("{e}"));
+}

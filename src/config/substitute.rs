@@ -62,6 +62,9 @@ pub(super) fn resolve_token(token: &str) -> Result<String, String> {
     if let Some(sel) = token.strip_prefix("secret:") {
         return crate::argo::secret(sel);
     }
+    if let Some(sels) = token.strip_prefix("secret-basic:") {
+        return crate::argo::secret_basic(sels);
+    }
     if let Some(sel) = token.strip_prefix("secret-url:") {
         return crate::argo::secret_url(sel);
     }

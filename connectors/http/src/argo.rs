@@ -74,6 +74,25 @@ pub fn http(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
             }
         }
     }
+    if let Some(mut b) = f.obj("basicAuth") {
+        let sel = |t: Option<String>| {
+            t.and_then(|t| {
+                t.strip_prefix("${secret:")
+                    .and_then(|t| t.strip_suffix('}'))
+                    .map(str::to_owned)
+            })
+        };
+        match (sel(b.secret("username")), sel(b.secret("password"))) {
+            (Some(u), Some(p)) => {
+                // `Basic base64(user:password)`, made when the config is read.
+                headers.insert(
+                    "authorization".into(),
+                    json!(format!("${{secret-basic:{u},{p}}}")),
+                );
+            }
+            _ => b.refuse_here("basicAuth needs `username` and `password` secrets"),
+        }
+    }
     if !headers.is_empty() {
         out.insert("headers".into(), Value::Object(headers));
     }
@@ -96,10 +115,6 @@ pub fn http(ctx: &mut TriggerCtx<'_>, f: &mut Fields) -> Value {
              answer, 5xx included)",
         );
     }
-    f.refuse(
-        "basicAuth",
-        "not supported yet: send an `authorization` header through `secureHeaders`",
-    );
     f.refuse(
         "parameters",
         "parameters that rewrite the http trigger itself (its url, method) are not supported: \
