@@ -3,31 +3,47 @@
 
 use super::*;
 
+/// A manifest of Argo's own corpus (`tests/argo/corpus`), as Argo ships it.
+fn corpus(path: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/argo/corpus")
+        .join(path);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Argo's webhook EventSource example, listening on `port` instead of 12000.
+fn webhook_es(port: u16) -> String {
+    corpus("event-sources/webhook.yaml").replace("\"12000\"", &format!("\"{port}\""))
+}
+
+/// Argo's http-trigger Sensor example, its dependency pointed at event `example` of
+/// EventSource `es` (instead of minio's), its payload reading the webhook's `body.bucket`, and
+/// its trigger posting to `127.0.0.1:<target>/hello`.
+fn http_sensor(es: &str, target: u16) -> String {
+    corpus("sensors/http-trigger.yaml")
+        .replace("eventSourceName: minio", &format!("eventSourceName: {es}"))
+        .replace("notification.0.s3.bucket.name", "body.bucket")
+        .replace(
+            "http://http-server.argo-events.svc:8090/hello",
+            &format!("http://127.0.0.1:{target}/hello"),
+        )
+}
+
 /// Argo Events' own examples through the binary (`sluice run -f`): the webhook EventSource with
 /// a Sensor whose http trigger builds a body from the event, and the calendar EventSource with
 /// the log Sensor, in one process with no bus.
 #[tokio::test]
 async fn argo_manifests_run_unchanged() {
     let dir = tempfile::tempdir().unwrap();
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/argo/corpus");
-    let read = |p: &str| std::fs::read_to_string(corpus.join(p)).unwrap();
     let (target, mut got) = scripted_target(vec![("/hello", vec![200])]).await;
     let port = free_port();
     // The examples as Argo ships them, but for the listen port and the trigger's URL; the
     // http-trigger Sensor's dependency is pointed at the webhook example instead of minio.
-    let es = read("event-sources/webhook.yaml").replace("\"12000\"", &format!("\"{port}\""));
-    let sensor = read("sensors/http-trigger.yaml")
-        .replace("eventSourceName: minio", "eventSourceName: webhook")
-        .replace("notification.0.s3.bucket.name", "body.bucket")
-        .replace(
-            "http://http-server.argo-events.svc:8090/hello",
-            &format!("http://127.0.0.1:{target}/hello"),
-        );
     let files = [
-        ("webhook-es.yaml", es),
-        ("http-sensor.yaml", sensor),
-        ("calendar-es.yaml", read("event-sources/calendar.yaml")),
-        ("log-sensor.yaml", read("sensors/log.yaml")),
+        ("webhook-es.yaml", webhook_es(port)),
+        ("http-sensor.yaml", http_sensor("webhook", target)),
+        ("calendar-es.yaml", corpus("event-sources/calendar.yaml")),
+        ("log-sensor.yaml", corpus("sensors/log.yaml")),
     ];
     let mut args = Vec::new();
     for (name, text) in &files {
@@ -107,11 +123,7 @@ async fn argo_manifests_run_unchanged() {
 /// environment (`SLUICE_SECRET_<NAME>_<KEY>`).
 #[tokio::test]
 async fn argo_sqs_example_creates_the_workflow() {
-    let kubeconfig = std::env::var("SLUICE_TEST_KUBECONFIG").unwrap_or_else(|_| {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/k8s-envtest/run/kubeconfig");
-        assert!(p.exists(), "no test API server: run `scripts/envtest.sh start` (scripts/test.sh does) or set SLUICE_TEST_KUBECONFIG");
-        p.display().to_string()
-    });
+    let kubeconfig = test_kubeconfig();
     let ns = format!("argo-sqs-{}", std::process::id());
     let dir = tempfile::tempdir().unwrap();
     let moto = sluice_core::testkit::peers::spawn_moto(dir.path());
@@ -131,19 +143,14 @@ async fn argo_sqs_example_creates_the_workflow() {
         .queue_url
         .unwrap();
     // The examples as Argo ships them, with the endpoint of the test AWS and a namespace.
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/argo/corpus");
-    let es = std::fs::read_to_string(corpus.join("event-sources/aws-sqs.yaml"))
-        .unwrap()
-        .replace(
-            "queue: test",
-            &format!("queue: test\n      endpoint: {moto_url}"),
-        );
-    let sensor = std::fs::read_to_string(corpus.join("sensors/aws-sqs.yaml"))
-        .unwrap()
-        .replace(
-            "  name: aws-sqs\n",
-            &format!("  name: aws-sqs\n  namespace: {ns}\n"),
-        );
+    let es = corpus("event-sources/aws-sqs.yaml").replace(
+        "queue: test",
+        &format!("queue: test\n      endpoint: {moto_url}"),
+    );
+    let sensor = corpus("sensors/aws-sqs.yaml").replace(
+        "  name: aws-sqs\n",
+        &format!("  name: aws-sqs\n  namespace: {ns}\n"),
+    );
     let (es_path, sensor_path) = (dir.path().join("es.yaml"), dir.path().join("sensor.yaml"));
     std::fs::write(&es_path, es).unwrap();
     std::fs::write(&sensor_path, sensor).unwrap();
@@ -169,16 +176,7 @@ async fn argo_sqs_example_creates_the_workflow() {
         .await
         .unwrap();
 
-    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(cfg).unwrap();
-    let ar = kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Workflow"),
-        "workflows",
-    );
-    let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(client, &ns, &ar);
+    let api = workflows_api(&kubeconfig, &ns).await;
     let mut items = Vec::new();
     for _ in 0..200 {
         items = api.list(&Default::default()).await.unwrap().items;
@@ -256,29 +254,17 @@ async fn argo_eventbus_both_ways() {
 
     let (target, mut got) = scripted_target(vec![("/hello", vec![200])]).await;
     let port = free_port();
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/argo/corpus");
-    let read = |p: &str| std::fs::read_to_string(corpus.join(p)).unwrap();
     let manifests = dir.path().join("argo");
     std::fs::create_dir_all(&manifests).unwrap();
     let bus = format!(
         "apiVersion: argoproj.io/v1alpha1\nkind: EventBus\nmetadata:\n  name: default\nspec:\n  jetstreamExotic:\n    url: {url}\n"
     );
     std::fs::write(manifests.join("eventbus.yaml"), bus).unwrap();
-    std::fs::write(
-        manifests.join("webhook.yaml"),
-        read("event-sources/webhook.yaml").replace("\"12000\"", &format!("\"{port}\"")),
-    )
-    .unwrap();
+    std::fs::write(manifests.join("webhook.yaml"), webhook_es(port)).unwrap();
     // The Sensor depends on an EventSource Sluice does not run (it stays in Argo).
     std::fs::write(
         manifests.join("sensor.yaml"),
-        read("sensors/http-trigger.yaml")
-            .replace("eventSourceName: minio", "eventSourceName: argo-webhook")
-            .replace("notification.0.s3.bucket.name", "body.bucket")
-            .replace(
-                "http://http-server.argo-events.svc:8090/hello",
-                &format!("http://127.0.0.1:{target}/hello"),
-            ),
+        http_sensor("argo-webhook", target),
     )
     .unwrap();
     let args = vec!["-f".to_owned(), manifests.display().to_string()];
@@ -357,8 +343,7 @@ async fn argo_eventbus_both_ways() {
 #[test]
 fn argo_manifests_from_stdin_and_convert() {
     use std::io::Write;
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/argo/corpus");
-    let read = |p: &str| std::fs::read_to_string(corpus.join(p)).unwrap();
+    let read = corpus;
     let bundle = format!(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: legacy\nspec: {{}}\n---\n{}\n---\n{}",
         read("event-sources/calendar.yaml"),
@@ -421,12 +406,7 @@ fn argo_manifests_from_stdin_and_convert() {
     let dir = tempfile::tempdir().unwrap();
     let (es, sensor) = (dir.path().join("es.yaml"), dir.path().join("s.yaml"));
     std::fs::write(&es, read("event-sources/webhook.yaml")).unwrap();
-    std::fs::write(
-        &sensor,
-        read("sensors/http-trigger.yaml")
-            .replace("eventSourceName: minio", "eventSourceName: webhook"),
-    )
-    .unwrap();
+    std::fs::write(&sensor, http_sensor("webhook", 80)).unwrap();
     let out = Command::new(BIN)
         .arg("convert")
         .arg("-f")
@@ -475,8 +455,6 @@ async fn argo_kafka_eventbus_both_ways() {
     let (target, mut got) = scripted_target(vec![("/hello", vec![200])]).await;
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/argo/corpus");
-    let read = |p: &str| std::fs::read_to_string(corpus.join(p)).unwrap();
     let manifests = dir.path().join("argo");
     std::fs::create_dir_all(&manifests).unwrap();
     std::fs::write(
@@ -484,20 +462,11 @@ async fn argo_kafka_eventbus_both_ways() {
         format!("apiVersion: argoproj.io/v1alpha1\nkind: EventBus\nmetadata:\n  name: default\n  namespace: argo-events\nspec:\n  kafka:\n    url: {bootstrap}\n    consumerGroup:\n      oldest: true\n"),
     )
     .unwrap();
-    std::fs::write(
-        manifests.join("webhook.yaml"),
-        read("event-sources/webhook.yaml").replace("\"12000\"", &format!("\"{port}\"")),
-    )
-    .unwrap();
+    std::fs::write(manifests.join("webhook.yaml"), webhook_es(port)).unwrap();
+    // The Sensor depends on an EventSource Sluice does not run (it stays in Argo).
     std::fs::write(
         manifests.join("sensor.yaml"),
-        read("sensors/http-trigger.yaml")
-            .replace("eventSourceName: minio", "eventSourceName: argo-webhook")
-            .replace("notification.0.s3.bucket.name", "body.bucket")
-            .replace(
-                "http://http-server.argo-events.svc:8090/hello",
-                &format!("http://127.0.0.1:{target}/hello"),
-            ),
+        http_sensor("argo-webhook", target),
     )
     .unwrap();
     let args = vec!["-f".to_owned(), manifests.display().to_string()];

@@ -350,11 +350,7 @@ async fn sigterm_ends_the_process_even_when_stdout_is_blocked() {
 /// review is reported as not checkable, and the exit code says the check did not pass.
 #[test]
 fn validate_kube_reports_each_permission_it_could_not_confirm() {
-    let kubeconfig = std::env::var("SLUICE_TEST_KUBECONFIG").unwrap_or_else(|_| {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/k8s-envtest/run/kubeconfig");
-        assert!(p.exists(), "no test API server: run `scripts/envtest.sh start` (scripts/test.sh does) or set SLUICE_TEST_KUBECONFIG");
-        p.display().to_string()
-    });
+    let kubeconfig = test_kubeconfig();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sluice.yaml");
     std::fs::write(

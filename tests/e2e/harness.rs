@@ -290,3 +290,30 @@ pub(crate) async fn scripted_target(
     });
     (port, got)
 }
+
+/// The test Kubernetes API server's kubeconfig (`scripts/envtest.sh start`, which
+/// `scripts/test.sh` runs; or `SLUICE_TEST_KUBECONFIG`).
+pub(crate) fn test_kubeconfig() -> String {
+    std::env::var("SLUICE_TEST_KUBECONFIG").unwrap_or_else(|_| {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/k8s-envtest/run/kubeconfig");
+        assert!(p.exists(), "no test API server: run `scripts/envtest.sh start` (scripts/test.sh does) or set SLUICE_TEST_KUBECONFIG");
+        p.display().to_string()
+    })
+}
+
+/// Argo Workflows in `ns` on the API server of `kubeconfig`.
+pub(crate) async fn workflows_api(
+    kubeconfig: &str,
+    ns: &str,
+) -> kube::Api<kube::api::DynamicObject> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(cfg).unwrap();
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Workflow"),
+        "workflows",
+    );
+    kube::Api::namespaced_with(client, ns, &ar)
+}

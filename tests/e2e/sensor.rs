@@ -381,11 +381,7 @@ sensors:
 /// notification delivered twice, and again after a kill -9, creates one Workflow.
 #[tokio::test]
 async fn s3_to_sensor_to_argo_workflow() {
-    let kubeconfig = std::env::var("SLUICE_TEST_KUBECONFIG").unwrap_or_else(|_| {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/k8s-envtest/run/kubeconfig");
-        assert!(p.exists(), "no test API server: run `scripts/envtest.sh start` (scripts/test.sh does) or set SLUICE_TEST_KUBECONFIG");
-        p.display().to_string()
-    });
+    let kubeconfig = test_kubeconfig();
     let ns = format!("seed-{}", std::process::id());
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
@@ -436,16 +432,7 @@ sinks:
             .await
             .unwrap();
     }
-    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(cfg).unwrap();
-    let ar = kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Workflow"),
-        "workflows",
-    );
-    let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(client, &ns, &ar);
+    let api = workflows_api(&kubeconfig, &ns).await;
     let keys = || async {
         let l = api
             .list(&kube::api::ListParams::default().labels("flow=seed"))

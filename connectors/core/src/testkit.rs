@@ -504,15 +504,7 @@ pub async fn start_source<C: crate::SourceConfig>(
 
 /// A sink of kind `C` from `cfg`, validated and built in a new [`SinkRig`], and running.
 pub async fn start_sink<C: crate::SinkConfig>(name: &str, cfg: serde_json::Value) -> SinkRig {
-    let cfg: C = serde_json::from_value(cfg).expect("testkit: the config deserializes");
-    cfg.validate(name).expect("testkit: the config validates");
-    let mut rig = SinkRig::new(name);
-    let running = Box::new(cfg)
-        .build(rig.context(name))
-        .await
-        .expect("testkit: the sink builds");
-    tokio::spawn(running);
-    rig
+    start_sink_joined::<C>(name, cfg).await.0
 }
 
 /// A sink of kind `C` from `cfg`, validated, built and running, with its task's handle (to

@@ -536,24 +536,7 @@ async fn sns_sink_publishes_to_a_topic_and_fifo_topics_deduplicate() {
     let m = moto().await;
     let c = sqs(&m).await;
     let sns = aws_sdk_sns::Client::new(&sdk(&m).await);
-    let url = queue(&c, "fanout-q", &[]).await;
-    let qarn = arn_of(&c, &url).await;
-    let topic = sns
-        .create_topic()
-        .name("out")
-        .send()
-        .await
-        .unwrap()
-        .topic_arn
-        .unwrap();
-    sns.subscribe()
-        .topic_arn(&topic)
-        .protocol("sqs")
-        .endpoint(&qarn)
-        .attributes("RawMessageDelivery", "true")
-        .send()
-        .await
-        .unwrap();
+    let (topic, _) = topic_into_queue(&m, &c, "out", "fanout-q").await;
     let sink = start_sink::<SnsSinkConfig>(
         "fanout",
         json!({"topic_arn": topic, "endpoint": m.url, "region": "us-east-1"}),
@@ -704,25 +687,7 @@ async fn take_all(
 async fn sns_sink_passes_the_sink_compliance_check() {
     let m = moto().await;
     let c = sqs(&m).await;
-    let sns = aws_sdk_sns::Client::new(&sdk(&m).await);
-    let url = queue(&c, "sns-compliance-q", &[]).await;
-    let qarn = arn_of(&c, &url).await;
-    let topic = sns
-        .create_topic()
-        .name("sns-compliance")
-        .send()
-        .await
-        .unwrap()
-        .topic_arn
-        .unwrap();
-    sns.subscribe()
-        .topic_arn(&topic)
-        .protocol("sqs")
-        .endpoint(&qarn)
-        .attributes("RawMessageDelivery", "true")
-        .send()
-        .await
-        .unwrap();
+    let (topic, url) = topic_into_queue(&m, &c, "sns-compliance", "sns-compliance-q").await;
     let got = std::sync::Arc::new(tokio::sync::Mutex::new(Vec::<Vec<u8>>::new()));
     testkit::sink_compliance::<SnsSinkConfig>(
         "sns-sink-compliance",
@@ -770,4 +735,34 @@ async fn s3_source_passes_the_pull_source_compliance_check() {
         put,
     )
     .await;
+}
+
+/// An SNS topic delivering every message (raw) into a new SQS queue: the topic's ARN and the
+/// queue's URL.
+async fn topic_into_queue(
+    m: &Moto,
+    c: &aws_sdk_sqs::Client,
+    topic: &str,
+    queue_name: &str,
+) -> (String, String) {
+    let sns = aws_sdk_sns::Client::new(&sdk(m).await);
+    let url = queue(c, queue_name, &[]).await;
+    let qarn = arn_of(c, &url).await;
+    let arn = sns
+        .create_topic()
+        .name(topic)
+        .send()
+        .await
+        .unwrap()
+        .topic_arn
+        .unwrap();
+    sns.subscribe()
+        .topic_arn(&arn)
+        .protocol("sqs")
+        .endpoint(&qarn)
+        .attributes("RawMessageDelivery", "true")
+        .send()
+        .await
+        .unwrap();
+    (arn, url)
 }
